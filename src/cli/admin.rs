@@ -1,0 +1,192 @@
+//! The short-lived verbs: `migrate`, `enqueue`, `status`, `failed`, `check-config`.
+
+use std::sync::Arc;
+
+use super::CliError;
+use crate::config::{Settings, duration};
+use crate::store::{self, NewRow, OutboxStore};
+
+/// Opens the store. The embedded SQLite default is also migrated, so `enqueue` and `status`
+/// work on a fresh checkout before `run` ever started.
+pub(super) async fn open(settings: &Settings) -> Result<Arc<dyn OutboxStore>, CliError> {
+    let db = &settings.database;
+    let store = store::connect(db.url.expose(), &db.table, 2, db.connect_timeout)
+        .await
+        .map_err(|e| {
+            CliError::Runtime(anyhow::anyhow!(
+                "cannot connect to {}: {e}",
+                settings.database_url_redacted()
+            ))
+        })?;
+    if store.dialect() == store::Dialect::Sqlite {
+        store.migrate().await?;
+    }
+    Ok(store)
+}
+
+pub(super) async fn migrate(settings: &Settings) -> Result<(), CliError> {
+    let store = open(settings).await?;
+    store.migrate().await?;
+    println!(
+        "schema of table {} is up to date on {} ({})",
+        settings.database.table,
+        settings.database_url_redacted(),
+        store.dialect().name()
+    );
+    Ok(())
+}
+
+pub(super) async fn enqueue(
+    settings: &Settings,
+    channel: String,
+    recipient: Option<String>,
+    payload: String,
+    ordering_key: Option<String>,
+) -> Result<(), CliError> {
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
+        return Err(CliError::Usage(format!("--payload is not valid JSON: {e}")));
+    }
+    if !settings.sinks.contains_key(&channel) {
+        eprintln!(
+            "warning: no sink named \"{channel}\" is configured here; a relay with this \
+             configuration would mark the row FAILED"
+        );
+    }
+    let store = open(settings).await?;
+    let id = store
+        .enqueue(&NewRow {
+            channel,
+            recipient,
+            payload,
+            ordering_key,
+        })
+        .await?;
+    println!("enqueued row {id}");
+    Ok(())
+}
+
+pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
+    let store = open(settings).await?;
+    let report = store.status(&settings.lease.name).await?;
+    println!(
+        "database {} ({}), table {}",
+        settings.database_url_redacted(),
+        store.dialect().name(),
+        settings.database.table
+    );
+    if report.counts.is_empty() {
+        println!("no rows");
+    } else {
+        println!("{:<8} {:<20} {:>10}", "STATUS", "CHANNEL", "ROWS");
+        for (status, channel, n) in &report.counts {
+            println!("{status:<8} {channel:<20} {n:>10}");
+        }
+    }
+    match report.oldest_pending {
+        Some(age) => println!("oldest pending: {:.1}s", age.as_secs_f64()),
+        None => println!("oldest pending: none"),
+    }
+    match &report.lease {
+        Some(l) => match (&l.holder, l.remaining_ms) {
+            (Some(h), Some(ms)) if ms > 0 => println!(
+                "lease {}: held by {h}, epoch {}, expires in {:.1}s",
+                settings.lease.name,
+                l.epoch,
+                ms as f64 / 1000.0
+            ),
+            _ => println!("lease {}: free (epoch {})", settings.lease.name, l.epoch),
+        },
+        None => println!("lease {}: never taken", settings.lease.name),
+    }
+    if report.claims.is_empty() {
+        println!("live claims: none");
+    }
+    for (who, n) in &report.claims {
+        println!("live claims: {who}: {n}");
+    }
+    Ok(())
+}
+
+pub(super) async fn failed(
+    settings: &Settings,
+    limit: u32,
+    channel: Option<String>,
+) -> Result<(), CliError> {
+    let store = open(settings).await?;
+    let rows = store.failed(limit, channel.as_deref()).await?;
+    if rows.is_empty() {
+        println!("no FAILED rows");
+        return Ok(());
+    }
+    println!(
+        "{:>10} {:<16} {:>8} {:<19} LAST ERROR",
+        "ID", "CHANNEL", "ATTEMPTS", "UPDATED (UTC)"
+    );
+    for r in rows {
+        println!(
+            "{:>10} {:<16} {:>8} {:<19} {}",
+            r.id,
+            r.channel,
+            r.attempts,
+            r.updated_at,
+            r.last_error.unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+pub(super) fn check_config(s: &Settings) {
+    let d = duration::format;
+    match &s.source {
+        Some(p) => println!("configuration OK ({} + environment)", p.display()),
+        None => println!("configuration OK (built-in defaults + environment)"),
+    }
+    let r = &s.relay;
+    println!(
+        "relay: instance_id={} mode={:?} poll_interval={} batch_size={} max_in_flight={} claim_ttl={} shutdown_timeout={}",
+        r.instance_id,
+        r.mode,
+        d(r.poll_interval),
+        r.batch_size,
+        r.max_in_flight,
+        d(r.claim_ttl),
+        d(r.shutdown_timeout)
+    );
+    println!(
+        "database: url={} table={} max_connections={} listen={} migrate={}",
+        s.database_url_redacted(),
+        s.database.table,
+        s.database.max_connections,
+        s.database.listen,
+        s.database.migrate
+    );
+    println!(
+        "lease: backend={:?} name={} ttl={} renew_timeout={}",
+        s.lease.backend,
+        s.lease.name,
+        d(s.lease.ttl),
+        d(s.lease.renew_timeout)
+    );
+    println!(
+        "retry: initial_backoff={} max_backoff={} multiplier={} max_attempts={}",
+        d(s.retry.initial_backoff),
+        d(s.retry.max_backoff),
+        s.retry.multiplier,
+        s.retry.max_attempts
+    );
+    println!("http: listen={}", s.http.listen);
+    for (name, spec) in &s.sinks {
+        let retry = spec.common.retry_policy(&s.retry);
+        println!(
+            "sink {name}: kind={} timeout={} concurrency={} rate_per_sec={} max_attempts={}",
+            spec.common.kind,
+            d(spec.common.timeout),
+            spec.common.concurrency,
+            spec.common
+                .rate_per_sec
+                .map(|r| r.to_string())
+                .unwrap_or_else(|| "unlimited".into()),
+            retry.max_attempts
+        );
+    }
+}

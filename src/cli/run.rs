@@ -1,0 +1,146 @@
+//! `run`: wires the parts together and runs the relay until a signal.
+//!
+//! Start-up never crashes on an unreachable database: it logs, keeps `/readyz` false and
+//! retries with backoff; `/healthz` answers from the first moment.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, OnceCell};
+use tokio_util::sync::CancellationToken;
+
+use super::CliError;
+use crate::config::{LeaseBackend, Mode, Settings};
+use crate::lease::{DatabaseLease, Keeper, Lease};
+use crate::relay::Relay;
+use crate::sink::SinkRegistry;
+use crate::store::{self, Dialect, OutboxStore};
+use crate::telemetry::{self, Health};
+
+pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
+    telemetry::init_logging(&settings.log);
+    let prom = telemetry::install_metrics()?;
+    let health = Arc::new(Health::default());
+    let shutdown = CancellationToken::new();
+    crate::shutdown::on_signals(shutdown.clone());
+    // Sinks first: a sink that cannot be built is a configuration problem, reported before
+    // anything connects.
+    let sinks = Arc::new(
+        SinkRegistry::build(&settings).map_err(|e| CliError::Usage(format!("sinks: {e}")))?,
+    );
+
+    let store_cell: Arc<OnceCell<Arc<dyn OutboxStore>>> = Arc::new(OnceCell::new());
+    let http_stop = CancellationToken::new();
+    if !settings.http.listen.is_empty() {
+        let addr = telemetry::serve(
+            &settings.http.listen,
+            prom,
+            health.clone(),
+            store_cell.clone(),
+            http_stop.clone(),
+        )
+        .await?;
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
+
+    let Some(store) = connect(&settings, &shutdown).await? else {
+        http_stop.cancel();
+        return Ok(());
+    };
+    let _ = store_cell.set(store.clone());
+    health.set_database(true);
+
+    let wake = Arc::new(Notify::new());
+    if store.dialect() == Dialect::Postgres && settings.database.listen {
+        tokio::spawn(store::listen(
+            settings.database.url.expose().to_string(),
+            settings.database.table.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+    }
+
+    let keeper = match (settings.relay.mode, settings.lease.backend) {
+        (Mode::Leader, LeaseBackend::Database) => {
+            let lease: Arc<dyn Lease> = Arc::new(DatabaseLease::new(
+                store.clone(),
+                &settings.lease.name,
+                &settings.relay.instance_id,
+                settings.lease.ttl,
+            ));
+            Some(Keeper::start(
+                lease,
+                store.clone(),
+                settings.lease.renew_timeout,
+            ))
+        }
+        _ => None,
+    };
+
+    let relay = Relay {
+        store: store.clone(),
+        sinks,
+        settings: settings.relay.clone(),
+        lease: keeper
+            .as_ref()
+            .map(|k| (settings.lease.name.clone(), k.state())),
+        wake,
+        health,
+        shutdown,
+    };
+    relay.run().await;
+    if let Some(k) = keeper {
+        k.release().await;
+    }
+    http_stop.cancel();
+    Ok(())
+}
+
+/// Connects (and migrates, if configured), retrying with backoff until it works or a signal
+/// arrives (`None`).
+async fn connect(
+    settings: &Settings,
+    shutdown: &CancellationToken,
+) -> Result<Option<Arc<dyn OutboxStore>>, CliError> {
+    let db = &settings.database;
+    let mut wait = Duration::from_millis(500);
+    loop {
+        let attempt = async {
+            let store = store::connect(
+                db.url.expose(),
+                &db.table,
+                db.max_connections,
+                db.connect_timeout,
+            )
+            .await?;
+            if db.migrate {
+                store.migrate().await?;
+            }
+            anyhow::Ok(store)
+        };
+        match attempt.await {
+            Ok(store) => {
+                tracing::info!(
+                    database = %settings.database_url_redacted(),
+                    dialect = store.dialect().name(),
+                    table = %db.table,
+                    "database connected"
+                );
+                return Ok(Some(store));
+            }
+            Err(e) => {
+                tracing::error!(
+                    database = %settings.database_url_redacted(),
+                    error = %e,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "database unavailable; not ready, retrying"
+                );
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.cancelled() => return Ok(None),
+        }
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+}

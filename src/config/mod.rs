@@ -1,0 +1,388 @@
+//! Configuration: a TOML file layered with `OUTBOX_RELAY__SECTION__KEY` environment variables.
+//!
+//! Guarantees:
+//! - with no file and no environment, [`Settings::load`] yields a configuration that runs on
+//!   its own (SQLite file, `database` lease, a `log` sink);
+//! - every error names the key it is about (`relay.claim_ttl: ...`), and the CLI turns it
+//!   into exit code 2;
+//! - settings that cannot be safe (guarantee G7) are refused here, before anything starts;
+//! - secrets are [`Secret`]s and never appear in `Debug` output.
+
+pub mod duration;
+mod secret;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub use secret::{Secret, redact_url};
+
+use crate::sink::SinkSpec;
+
+/// The environment prefix: `OUTBOX_RELAY__DATABASE__URL` sets `database.url`.
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
+/// The file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_PATH: &str = "config/relay.toml";
+
+/// A configuration problem, phrased for the person who wrote the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The dotted key at fault (`relay.claim_ttl`), or the file when no key applies.
+    pub key: String,
+    /// What is wrong and, where possible, what would be right.
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.problem)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Everything the relay is configured with, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub relay: RelaySettings,
+    pub database: DatabaseSettings,
+    pub lease: LeaseSettings,
+    pub retry: RetrySettings,
+    pub http: HttpSettings,
+    pub log: LogSettings,
+    pub retention: RetentionSettings,
+    /// Sinks by name; a row's `channel` names one of them.
+    pub sinks: BTreeMap<String, SinkSpec>,
+    /// Where the settings came from (shown by `check-config`).
+    pub source: Option<PathBuf>,
+}
+
+/// How rows are taken from the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One lease holder claims and delivers; the others stand by.
+    Leader,
+    /// Every instance claims disjoint batches.
+    Claim,
+}
+
+/// `[relay]`: the delivery loop.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelaySettings {
+    /// Written to `claimed_by` and the lease holder; defaults to `<hostname>:<pid>`.
+    pub instance_id: String,
+    pub mode: Mode,
+    /// Sleep after an empty claim (a NOTIFY or a full batch wakes the loop sooner).
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub poll_interval: Duration,
+    /// Most rows taken by one claim statement.
+    pub batch_size: u32,
+    /// Most deliveries running at once, across all sinks.
+    pub max_in_flight: u32,
+    /// How long a claim keeps other instances off a row.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub claim_ttl: Duration,
+    /// How long SIGTERM waits for in-flight sends before exiting.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for RelaySettings {
+    fn default() -> Self {
+        RelaySettings {
+            instance_id: default_instance_id(),
+            mode: Mode::Leader,
+            poll_interval: Duration::from_millis(500),
+            batch_size: 100,
+            max_in_flight: 64,
+            claim_ttl: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(25),
+        }
+    }
+}
+
+fn default_instance_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "relay".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
+/// `[database]`: where the outbox lives.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// `postgres://`, `mysql://` (MySQL 8, MariaDB 10.6+) or `sqlite://`.
+    pub url: Secret,
+    /// The outbox table's name (a plain SQL identifier).
+    pub table: String,
+    pub max_connections: u32,
+    /// PostgreSQL only: LISTEN for the insert trigger's NOTIFY.
+    pub listen: bool,
+    /// How long to wait for a connection from the pool.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub connect_timeout: Duration,
+    /// Run `migrate` when `run` starts (idempotent); turn off where schema changes are
+    /// applied by other means.
+    pub migrate: bool,
+}
+
+impl Default for DatabaseSettings {
+    fn default() -> Self {
+        DatabaseSettings {
+            url: Secret::new("sqlite://outbox-relay.db?mode=rwc"),
+            table: "outbox".into(),
+            max_connections: 8,
+            listen: true,
+            connect_timeout: Duration::from_secs(5),
+            migrate: true,
+        }
+    }
+}
+
+/// Which lease coordinates leader mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseBackend {
+    /// A row of `outbox_relay_lease`, on the database clock (no other service).
+    Database,
+    /// A Redis key with a watchdog.
+    Redis,
+    /// The same on several independent Redis nodes.
+    Redlock,
+    /// No coordination: a single instance.
+    None,
+}
+
+/// `[lease]`: leader election for `relay.mode = "leader"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseSettings {
+    pub backend: LeaseBackend,
+    /// The lease's name: the row in `outbox_relay_lease` and the Redis key suffix.
+    pub name: String,
+    /// How long a grant lasts without renewal; renewed every `ttl / 3`.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub ttl: Duration,
+    /// The longest one acquire or renew round trip may take before it counts as failed.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub renew_timeout: Duration,
+    pub redis_url: Option<Secret>,
+    pub redlock_urls: Vec<Secret>,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            backend: LeaseBackend::Database,
+            name: "outbox-relay".into(),
+            ttl: Duration::from_secs(10),
+            renew_timeout: Duration::from_secs(1),
+            redis_url: None,
+            redlock_urls: Vec::new(),
+        }
+    }
+}
+
+/// `[retry]` (and per-sink overrides): exponential backoff with jitter.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetrySettings {
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub initial_backoff: Duration,
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub max_backoff: Duration,
+    pub multiplier: f64,
+    /// Delivery attempts before a row is FAILED; 1 means never retry.
+    pub max_attempts: u32,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            initial_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(300),
+            multiplier: 2.0,
+            max_attempts: 10,
+        }
+    }
+}
+
+/// `[http]`: metrics and health probes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpSettings {
+    /// `host:port`; an empty string disables the server.
+    pub listen: String,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            listen: "127.0.0.1:9090".into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A tracing filter (`info`, `outbox_relay=debug,warn`); `RUST_LOG` wins when set.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// `[retention]`: deleting delivered and failed rows after a while (off unless set).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionSettings {
+    #[serde(deserialize_with = "duration::deserialize_opt")]
+    pub success_after: Option<Duration>,
+    #[serde(deserialize_with = "duration::deserialize_opt")]
+    pub failed_after: Option<Duration>,
+}
+
+/// The file's shape before validation: sink tables stay raw until their kind is known.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct RawSettings {
+    relay: RelaySettings,
+    database: DatabaseSettings,
+    lease: LeaseSettings,
+    retry: RetrySettings,
+    http: HttpSettings,
+    log: LogSettings,
+    retention: RetentionSettings,
+    sinks: BTreeMap<String, config::Value>,
+}
+
+impl Settings {
+    /// Loads `path` (or [`DEFAULT_CONFIG_PATH`] if it exists, or nothing) layered with the
+    /// process environment, then validates.
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
+        Self::load_with_env(path, None)
+    }
+
+    /// As [`Settings::load`], with an explicit environment (tests) instead of the process's.
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: Option<BTreeMap<String, String>>,
+    ) -> Result<Settings, ConfigError> {
+        let file = match path {
+            Some(p) if !p.exists() => {
+                return Err(ConfigError::new(
+                    p.display().to_string(),
+                    "config file not found",
+                ));
+            }
+            Some(p) => Some(p.to_path_buf()),
+            None => Some(PathBuf::from(DEFAULT_CONFIG_PATH)).filter(|p| p.exists()),
+        };
+        let mut builder = config::Config::builder();
+        if let Some(f) = &file {
+            builder = builder.add_source(
+                config::File::from(f.as_path())
+                    .format(config::FileFormat::Toml)
+                    .required(true),
+            );
+        }
+        let environment = config::Environment::with_prefix(ENV_PREFIX)
+            .prefix_separator("__")
+            .separator("__")
+            .list_separator(",")
+            .with_list_parse_key("lease.redlock_urls")
+            .try_parsing(false)
+            .source(env.map(|m| m.into_iter().collect()));
+        let raw: RawSettings = builder
+            .add_source(environment)
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| from_config_error(&e, file.as_deref()))?;
+        let mut sinks = BTreeMap::new();
+        for (name, value) in raw.sinks {
+            let spec = SinkSpec::parse(&name, value)?;
+            sinks.insert(name, spec);
+        }
+        if sinks.is_empty() {
+            sinks.insert("log".to_string(), SinkSpec::default_log());
+        }
+        let settings = Settings {
+            relay: raw.relay,
+            database: raw.database,
+            lease: raw.lease,
+            retry: raw.retry,
+            http: raw.http,
+            log: raw.log,
+            retention: raw.retention,
+            sinks,
+            source: file,
+        };
+        validate::validate(&settings)?;
+        Ok(settings)
+    }
+
+    /// The database URL with any password masked, for logs and `status`.
+    pub fn database_url_redacted(&self) -> String {
+        redact_url(self.database.url.expose())
+    }
+}
+
+/// Turns the config crate's error (which says "for key `a.b`" inside its text) into ours.
+fn from_config_error(e: &config::ConfigError, file: Option<&Path>) -> ConfigError {
+    let text = e.to_string();
+    if let Some(start) = text.find("for key `") {
+        let rest = &text[start + 9..];
+        if let Some(end) = rest.find('`') {
+            let key = rest[..end].to_string();
+            let problem = text[..start].trim_end().to_string();
+            return ConfigError::new(key, problem);
+        }
+    }
+    let where_ = file
+        .map(|f| f.display().to_string())
+        .unwrap_or_else(|| "configuration".into());
+    ConfigError::new(where_, text)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,171 @@
+//! Refuses configurations that cannot be safe (guarantee G7) or cannot work, naming the key.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::duration::format;
+use super::{ConfigError, LeaseBackend, RetrySettings, Settings};
+
+/// The least time a claim must outlive the longest sink timeout: covers the claim round trip,
+/// the result write and clock drift between the relay and the database.
+pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
+
+pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
+    let r = &s.relay;
+    if r.instance_id.trim().is_empty() {
+        return Err(ConfigError::new("relay.instance_id", "must not be empty"));
+    }
+    if r.batch_size == 0 || r.batch_size > 10_000 {
+        return Err(ConfigError::new(
+            "relay.batch_size",
+            "must be between 1 and 10000",
+        ));
+    }
+    if r.max_in_flight == 0 || r.max_in_flight > 100_000 {
+        return Err(ConfigError::new(
+            "relay.max_in_flight",
+            "must be between 1 and 100000",
+        ));
+    }
+    if r.poll_interval < Duration::from_millis(10) {
+        return Err(ConfigError::new(
+            "relay.poll_interval",
+            "must be at least 10ms",
+        ));
+    }
+    if let Some((name, spec)) = s.sinks.iter().max_by_key(|(_, spec)| spec.common.timeout) {
+        let needed = spec.common.timeout + CLAIM_MARGIN;
+        if r.claim_ttl < needed {
+            return Err(ConfigError::new(
+                "relay.claim_ttl",
+                format!(
+                    "{} is too short: a claim must outlive the longest sink timeout \
+                     (sinks.{name}.timeout = {}) plus {} margin, so at least {}; otherwise a \
+                     slow send could still be running when another instance takes the row",
+                    format(r.claim_ttl),
+                    format(spec.common.timeout),
+                    format(CLAIM_MARGIN),
+                    format(needed)
+                ),
+            ));
+        }
+    }
+
+    let db = &s.database;
+    let url = db.url.expose();
+    let scheme = url.split("://").next().unwrap_or("");
+    if !url.contains("://")
+        || !["postgres", "postgresql", "mysql", "mariadb", "sqlite"].contains(&scheme)
+    {
+        return Err(ConfigError::new(
+            "database.url",
+            "must start with postgres://, mysql:// or sqlite://",
+        ));
+    }
+    if !is_identifier(&db.table) {
+        return Err(ConfigError::new(
+            "database.table",
+            format!(
+                "\"{}\" is not a plain SQL identifier (letters, digits, _; at most 60 characters)",
+                db.table
+            ),
+        ));
+    }
+    if db.max_connections == 0 {
+        return Err(ConfigError::new(
+            "database.max_connections",
+            "must be at least 1",
+        ));
+    }
+
+    let l = &s.lease;
+    if l.name.is_empty() || l.name.len() > 200 {
+        return Err(ConfigError::new(
+            "lease.name",
+            "must be 1 to 200 characters",
+        ));
+    }
+    if l.ttl < Duration::from_millis(300) {
+        return Err(ConfigError::new("lease.ttl", "must be at least 300ms"));
+    }
+    if l.ttl < l.renew_timeout * 3 {
+        return Err(ConfigError::new(
+            "lease.ttl",
+            format!(
+                "{} is under 3 x lease.renew_timeout ({}): a renewal every ttl/3 must be able \
+                 to fail and be retried before the lease runs out",
+                format(l.ttl),
+                format(l.renew_timeout)
+            ),
+        ));
+    }
+    match l.backend {
+        LeaseBackend::Redis | LeaseBackend::Redlock => {
+            return Err(ConfigError::new(
+                "lease.backend",
+                "the redis and redlock backends are not available in this version; use \
+                 \"database\" (default) or \"none\"",
+            ));
+        }
+        LeaseBackend::Database | LeaseBackend::None => {}
+    }
+
+    validate_retry("retry", &s.retry)?;
+    for (name, spec) in &s.sinks {
+        validate_retry(
+            &format!("sinks.{name}"),
+            &spec.common.retry_policy(&s.retry),
+        )?;
+    }
+
+    if !s.http.listen.is_empty() && s.http.listen.parse::<SocketAddr>().is_err() {
+        return Err(ConfigError::new(
+            "http.listen",
+            format!(
+                "\"{}\" is not host:port (e.g. 127.0.0.1:9090)",
+                s.http.listen
+            ),
+        ));
+    }
+    if tracing_subscriber::EnvFilter::try_new(&s.log.level).is_err() {
+        return Err(ConfigError::new(
+            "log.level",
+            format!(
+                "\"{}\" is not a level or filter (e.g. info, debug)",
+                s.log.level
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_retry(section: &str, r: &RetrySettings) -> Result<(), ConfigError> {
+    if r.max_attempts == 0 {
+        return Err(ConfigError::new(
+            format!("{section}.max_attempts"),
+            "must be at least 1 (1 means never retry)",
+        ));
+    }
+    if !(r.multiplier >= 1.0 && r.multiplier <= 100.0) {
+        return Err(ConfigError::new(
+            format!("{section}.multiplier"),
+            "must be between 1.0 and 100.0",
+        ));
+    }
+    if r.initial_backoff.is_zero() || r.initial_backoff > r.max_backoff {
+        return Err(ConfigError::new(
+            format!("{section}.initial_backoff"),
+            "must be above zero and not above max_backoff",
+        ));
+    }
+    Ok(())
+}
+
+/// A table name we can splice into SQL: `[A-Za-z_][A-Za-z0-9_]*`, at most 60 characters
+/// (so derived index names stay under PostgreSQL's 63).
+pub fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && s.len() <= 60
+}

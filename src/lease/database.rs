@@ -1,0 +1,121 @@
+//! The `database` lease: the row `outbox_relay_lease(name)` itself, ShedLock-style, but renewed
+//! by the watchdog and fenced by its epoch. Acquire is a conditional UPDATE on the database
+//! clock (free, or expired), which bumps the epoch in the same statement.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Grant, Lease};
+use crate::BoxFuture;
+use crate::store::OutboxStore;
+
+/// A lease kept in the outbox database.
+pub struct DatabaseLease {
+    store: Arc<dyn OutboxStore>,
+    /// The row's name.
+    name: String,
+    /// This instance's id; the holder token is `<instance_id>#<random>` per acquisition.
+    instance_id: String,
+    ttl: Duration,
+    /// (holder token, epoch) while held.
+    held: Mutex<Option<(String, i64)>>,
+}
+
+impl DatabaseLease {
+    pub fn new(store: Arc<dyn OutboxStore>, name: &str, instance_id: &str, ttl: Duration) -> Self {
+        DatabaseLease {
+            store,
+            name: name.to_string(),
+            instance_id: instance_id.to_string(),
+            ttl,
+            held: Mutex::new(None),
+        }
+    }
+
+    fn held(&self) -> Option<(String, i64)> {
+        match self.held.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    fn set_held(&self, v: Option<(String, i64)>) {
+        match self.held.lock() {
+            Ok(mut g) => *g = v,
+            Err(p) => *p.into_inner() = v,
+        }
+    }
+}
+
+impl Lease for DatabaseLease {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn holder(&self) -> String {
+        self.held()
+            .map(|(h, _)| h)
+            .unwrap_or_else(|| self.instance_id.clone())
+    }
+
+    fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
+        Box::pin(async move {
+            let token = format!("{}#{}", self.instance_id, crate::random_token());
+            let sent_at = Instant::now();
+            match self
+                .store
+                .lease_acquire(&self.name, &token, self.ttl)
+                .await?
+            {
+                Some(epoch) => {
+                    self.set_held(Some((token, epoch)));
+                    Ok(Some(Grant {
+                        epoch: Some(epoch),
+                        sent_at,
+                    }))
+                }
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
+        Box::pin(async move {
+            let Some((token, epoch)) = self.held() else {
+                return Ok(false);
+            };
+            let renewed = self
+                .store
+                .lease_renew(&self.name, &token, epoch, self.ttl)
+                .await?;
+            if !renewed {
+                self.set_held(None);
+            }
+            Ok(renewed)
+        })
+    }
+
+    fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            if let Some((token, epoch)) = self.held() {
+                self.set_held(None);
+                self.store.lease_release(&self.name, &token, epoch).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
+        // Standbys poll the row; a fraction of the ttl keeps hand-off after a release quick
+        // at the cost of one cheap UPDATE per poll.
+        let poll = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        Box::pin(tokio::time::sleep(poll.min(max)))
+    }
+}

@@ -1,0 +1,264 @@
+//! Who may claim in leader mode. A [`Lease`] is one backend's primitive operations (acquire,
+//! renew, release, wait for a turn); the [`Keeper`] drives any backend the same way: acquire,
+//! bump the fencing epoch, renew every `ttl / 3`, and publish a [`LeaseState`] the relay loop
+//! reads before every claim and every send.
+//!
+//! Guarantees (SPEC section 4, G4):
+//! - the holder's deadline is measured on the monotonic clock from when the acquire or the
+//!   last successful renewal was *sent*, minus a drift allowance (`ttl * 1% + 2ms`), so a
+//!   holder stops believing it holds the lease no later than the backend forgets it;
+//! - a rejected renewal, or a deadline passing without a confirmed renewal, is published as
+//!   [`LeaseState::Standby`] at once; the state carries the deadline itself, so the relay stops
+//!   even if the keeper task is starved;
+//! - a lease is never silently re-gained: after a loss it must be acquired afresh, with a new
+//!   holder token and a new epoch;
+//! - on shutdown the watchdog stops *before* the release is sent.
+
+mod database;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use database::DatabaseLease;
+
+use crate::BoxFuture;
+use crate::store::{Fence, OutboxStore};
+
+/// What a successful acquire returns.
+#[derive(Debug, Clone, Copy)]
+pub struct Grant {
+    /// The epoch, when the backend bumped it itself (the `database` backend); otherwise the
+    /// keeper bumps it in `outbox_relay_lease`.
+    pub epoch: Option<i64>,
+    /// When the acquire request was sent: the deadline counts from here.
+    pub sent_at: Instant,
+}
+
+/// One lease backend's primitives. Implementations keep their own holder token.
+pub trait Lease: Send + Sync {
+    /// The lease's name (the `outbox_relay_lease` row).
+    fn name(&self) -> &str;
+    /// The holder identity written to `outbox_relay_lease.holder` for this acquisition.
+    fn holder(&self) -> String;
+    /// How long a grant lasts without renewal.
+    fn ttl(&self) -> Duration;
+    /// One attempt to take the lease: `Some` when taken.
+    fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>>;
+    /// Extends the lease: `Ok(true)` renewed, `Ok(false)` lost to someone else, `Err` unknown.
+    /// Never re-creates a lease that is no longer ours.
+    fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>>;
+    /// Gives the lease up, if still ours, and tells standbys.
+    fn release(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// While standing by: returns when it is worth trying again, after `max` at the latest.
+    fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()>;
+}
+
+/// What the relay loop sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Not holding: claim nothing.
+    Standby,
+    /// Holding at `epoch` until `deadline` (monotonic), unless renewed.
+    Held { epoch: i64, deadline: Instant },
+}
+
+impl LeaseState {
+    /// The fence to claim under, if the lease is held and its deadline has not passed.
+    pub fn fence(&self, lease: &str) -> Option<Fence> {
+        match *self {
+            LeaseState::Held { epoch, deadline } if Instant::now() < deadline => Some(Fence {
+                lease: lease.to_string(),
+                epoch,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The drift allowance subtracted from every grant: `ttl * 1% + 2ms` (as Redlock does).
+pub fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// Drives a [`Lease`]: acquisition, epoch bump, watchdog renewals, release on shutdown.
+pub struct Keeper {
+    state: watch::Receiver<LeaseState>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Keeper {
+    /// Starts the keeper task. `renew_timeout` bounds each acquire and renew round trip.
+    pub fn start(
+        lease: Arc<dyn Lease>,
+        store: Arc<dyn OutboxStore>,
+        renew_timeout: Duration,
+    ) -> Keeper {
+        let (tx, rx) = watch::channel(LeaseState::Standby);
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(run(lease, store, renew_timeout, tx, stop.clone()));
+        Keeper {
+            state: rx,
+            stop,
+            task,
+        }
+    }
+
+    /// A receiver of the lease state.
+    pub fn state(&self) -> watch::Receiver<LeaseState> {
+        self.state.clone()
+    }
+
+    /// Stops renewing, then releases the lease if held (standbys are told at once).
+    pub async fn release(self) {
+        self.stop.cancel();
+        if let Err(e) = self.task.await {
+            tracing::error!(error = %e, "lease keeper task failed");
+        }
+    }
+}
+
+fn publish(tx: &watch::Sender<LeaseState>, state: LeaseState) {
+    let held = matches!(state, LeaseState::Held { .. });
+    metrics::gauge!("outbox_relay_lease_held").set(if held { 1.0 } else { 0.0 });
+    tx.send_replace(state);
+}
+
+async fn run(
+    lease: Arc<dyn Lease>,
+    store: Arc<dyn OutboxStore>,
+    renew_timeout: Duration,
+    tx: watch::Sender<LeaseState>,
+    stop: CancellationToken,
+) {
+    let ttl = lease.ttl();
+    publish(&tx, LeaseState::Standby);
+    let mut failures = 0u32;
+    while !stop.is_cancelled() {
+        let attempt = tokio::time::timeout(renew_timeout, lease.try_acquire()).await;
+        let grant = match attempt {
+            Ok(Ok(Some(grant))) => grant,
+            Ok(Ok(None)) => {
+                failures = 0;
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    _ = lease.wait_turn(ttl) => {}
+                }
+                continue;
+            }
+            Ok(Err(e)) => {
+                failures += 1;
+                tracing::warn!(lease = lease.name(), error = %e, "lease acquire failed");
+                backoff(&stop, failures).await;
+                continue;
+            }
+            Err(_) => {
+                failures += 1;
+                tracing::warn!(lease = lease.name(), "lease acquire timed out");
+                backoff(&stop, failures).await;
+                continue;
+            }
+        };
+        failures = 0;
+        let epoch = match grant.epoch {
+            Some(e) => e,
+            None => match store.advance_epoch(lease.name(), &lease.holder()).await {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not record the lease epoch; giving the lease back");
+                    let _ = lease.release().await;
+                    backoff(&stop, 1).await;
+                    continue;
+                }
+            },
+        };
+        let mut deadline = grant.sent_at + ttl - drift(ttl);
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                lease = lease.name(),
+                "lease granted too late to use; releasing"
+            );
+            let _ = lease.release().await;
+            continue;
+        }
+        metrics::counter!("outbox_relay_lease_acquisitions_total").increment(1);
+        metrics::gauge!("outbox_relay_lease_epoch").set(epoch as f64);
+        tracing::info!(lease = lease.name(), holder = %lease.holder(), epoch, "lease acquired");
+        publish(&tx, LeaseState::Held { epoch, deadline });
+
+        // The watchdog: renew every ttl/3 (sooner after a failed renewal).
+        let mut next = grant.sent_at + ttl / 3;
+        let lost_reason = loop {
+            tokio::select! {
+                _ = stop.cancelled() => break None,
+                _ = tokio::time::sleep_until(next.min(deadline)) => {}
+            }
+            if Instant::now() >= deadline {
+                break Some("deadline passed without a confirmed renewal");
+            }
+            let sent = Instant::now();
+            match tokio::time::timeout(renew_timeout, lease.renew()).await {
+                Ok(Ok(true)) => {
+                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "ok")
+                        .increment(1);
+                    deadline = sent + ttl - drift(ttl);
+                    next = sent + ttl / 3;
+                    publish(&tx, LeaseState::Held { epoch, deadline });
+                }
+                Ok(Ok(false)) => {
+                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "rejected")
+                        .increment(1);
+                    break Some("renewal rejected: another holder has the lease");
+                }
+                Ok(Err(e)) => {
+                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "error")
+                        .increment(1);
+                    tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed; retrying");
+                    next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
+                }
+                Err(_) => {
+                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "timeout")
+                        .increment(1);
+                    tracing::warn!(lease = lease.name(), "lease renewal timed out; retrying");
+                    next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
+                }
+            }
+        };
+        publish(&tx, LeaseState::Standby);
+        match lost_reason {
+            Some(reason) => {
+                metrics::counter!("outbox_relay_lease_lost_total").increment(1);
+                tracing::warn!(
+                    lease = lease.name(),
+                    epoch,
+                    reason,
+                    "lease lost; delivery stopped"
+                );
+            }
+            None => {
+                // Shutdown: the watchdog has stopped; now give the lease back.
+                match tokio::time::timeout(renew_timeout, lease.release()).await {
+                    Ok(Ok(())) => tracing::info!(lease = lease.name(), epoch, "lease released"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "lease release failed; it will expire")
+                    }
+                    Err(_) => tracing::warn!("lease release timed out; it will expire"),
+                }
+            }
+        }
+    }
+    publish(&tx, LeaseState::Standby);
+}
+
+async fn backoff(stop: &CancellationToken, failures: u32) {
+    let d = Duration::from_millis(200) * 2u32.saturating_pow(failures.min(5));
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = tokio::time::sleep(d.min(Duration::from_secs(5))) => {}
+    }
+}

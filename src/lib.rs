@@ -1,0 +1,32 @@
+//! outbox-relay: delivers the rows of a transactional-outbox table to webhooks, FCM and
+//! Kakao Alimtalk, coordinating several instances through a fenced lease or row claims.
+//!
+//! The crate is split along the seams of the algorithm in `SPEC.md`:
+//! - [`store`]: the outbox table and its claims ([`store::OutboxStore`]);
+//! - [`lease`]: who may claim in leader mode ([`lease::Lease`]) and the watchdog keeping it;
+//! - [`sink`]: where a row goes ([`sink::Sink`]) and how each answer is classified;
+//! - [`relay`]: the loop tying them together;
+//! - [`config`], [`cli`], [`telemetry`]: how it is configured, driven and observed.
+
+pub mod cli;
+pub mod config;
+pub mod lease;
+pub mod relay;
+pub mod retry;
+pub mod shutdown;
+pub mod sink;
+pub mod store;
+pub mod telemetry;
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A boxed, sendable future: what the object-safe traits at the seams return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A fresh random token: 128 bits as 32 hex digits (claim batches, lease holders).
+pub fn random_token() -> String {
+    let a: u64 = rand::random();
+    let b: u64 = rand::random();
+    format!("{a:016x}{b:016x}")
+}

@@ -1,0 +1,165 @@
+//! Delivering one claimed row: route it to its sink, wait for the sink's slot and rate, check
+//! that the claim and the lease still allow a send (G4), send, classify, and hand the result to
+//! the recorder.
+//!
+//! Guarantees: a row is sent only if, at the moment of sending, the relay is not shutting down,
+//! the lease (leader mode) is still held at the claim's epoch, and the claim's local deadline
+//! leaves room for the sink's whole timeout, so the send ends before anyone else may claim
+//! the row. A row that cannot be sent is given back at once, without counting an attempt.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::recorder::RecorderHandle;
+use crate::lease::LeaseState;
+use crate::retry;
+use crate::sink::{CONFIG_ERROR_PAUSE, Outcome, SinkRegistry};
+use crate::store::{ClaimedRow, Completion, Resolution};
+
+/// Extra time the relay allows a sink beyond its own timeout before giving up on it.
+const TIMEOUT_GRACE: Duration = Duration::from_secs(1);
+
+/// What every delivery shares.
+pub struct Dispatcher {
+    pub sinks: Arc<SinkRegistry>,
+    pub recorder: RecorderHandle,
+    /// Set on SIGTERM: rows not yet sent are given back.
+    pub shutdown: CancellationToken,
+    /// The lease state in leader mode; `None` when no lease applies.
+    pub lease: Option<watch::Receiver<LeaseState>>,
+}
+
+/// A claimed row and its claim.
+pub struct Job {
+    pub row: ClaimedRow,
+    pub token: Arc<str>,
+    /// The epoch the row was claimed under (leader mode).
+    pub epoch: Option<i64>,
+    /// When the claim statement was sent.
+    pub claimed_at: Instant,
+    /// After this (monotonic), the claim may have expired on the database clock.
+    pub deadline: Instant,
+}
+
+impl Dispatcher {
+    /// Delivers one row and records its result.
+    pub async fn deliver(&self, job: Job) {
+        let resolution = self.attempt(&job).await;
+        self.recorder.record(Completion {
+            id: job.row.delivery.id,
+            token: job.token.clone(),
+            resolution,
+        });
+    }
+
+    /// Why the row may not be sent now, if it may not (G4).
+    fn must_not_send(&self, job: &Job, timeout: Duration) -> Option<&'static str> {
+        if self.shutdown.is_cancelled() {
+            return Some("shutting down");
+        }
+        if let (Some(lease), Some(epoch)) = (&self.lease, job.epoch) {
+            match *lease.borrow() {
+                LeaseState::Held { epoch: e, deadline }
+                    if e == epoch && Instant::now() < deadline => {}
+                _ => return Some("lease lost"),
+            }
+        }
+        if Instant::now() + timeout + TIMEOUT_GRACE > job.deadline {
+            return Some("claim too close to expiry to send");
+        }
+        None
+    }
+
+    async fn attempt(&self, job: &Job) -> Resolution {
+        let d = &job.row.delivery;
+        let Some(sink) = self.sinks.get(&d.channel) else {
+            metrics::counter!("outbox_relay_deliveries_total", "sink" => "none", "outcome" => "permanent").increment(1);
+            return Resolution::Failed {
+                error: format!("no sink is configured for channel \"{}\"", d.channel),
+            };
+        };
+        let give_back = |why: &str| {
+            tracing::debug!(id = d.id, sink = %sink.name, why, "row given back unsent");
+            Resolution::Release {
+                delay: Duration::ZERO,
+                error: None,
+            }
+        };
+        if let Some(rest) = sink.pause.remaining() {
+            return Resolution::Release {
+                delay: rest,
+                error: None,
+            };
+        }
+        // Wait for the sink's slot and rate, but never past the point where a send could no
+        // longer finish inside the claim.
+        let latest_start = job
+            .deadline
+            .checked_sub(sink.timeout + TIMEOUT_GRACE)
+            .unwrap_or(job.claimed_at);
+        let _slot = tokio::select! {
+            s = sink.slots.clone().acquire_owned() => match s {
+                Ok(s) => s,
+                Err(_) => return give_back("sink closed"),
+            },
+            _ = self.shutdown.cancelled() => return give_back("shutting down"),
+            _ = tokio::time::sleep_until(latest_start) => return give_back("claim expired waiting for a sink slot"),
+        };
+        if let Some(rate) = &sink.rate {
+            tokio::select! {
+                _ = rate.acquire() => {}
+                _ = self.shutdown.cancelled() => return give_back("shutting down"),
+                _ = tokio::time::sleep_until(latest_start) => return give_back("claim expired waiting for the rate limit"),
+            }
+        }
+        if let Some(rest) = sink.pause.remaining() {
+            return Resolution::Release {
+                delay: rest,
+                error: None,
+            };
+        }
+        if let Some(why) = self.must_not_send(job, sink.timeout) {
+            return give_back(why);
+        }
+
+        metrics::gauge!("outbox_relay_in_flight").increment(1.0);
+        let started = Instant::now();
+        let outcome =
+            match tokio::time::timeout(sink.timeout + TIMEOUT_GRACE, sink.sink.deliver(d)).await {
+                Ok(o) => o,
+                Err(_) => Outcome::Retry {
+                    after: None,
+                    reason: format!("timed out after {:?}", sink.timeout),
+                },
+            };
+        metrics::gauge!("outbox_relay_in_flight").decrement(1.0);
+        let name = sink.name.clone();
+        metrics::histogram!("outbox_relay_delivery_duration_seconds", "sink" => name.clone())
+            .record(started.elapsed().as_secs_f64());
+        metrics::counter!("outbox_relay_deliveries_total", "sink" => name.clone(), "outcome" => outcome.label())
+            .increment(1);
+        match &outcome {
+            Outcome::Delivered => {
+                let e2e = job.row.age_at_claim + job.claimed_at.elapsed();
+                metrics::histogram!("outbox_relay_end_to_end_seconds", "sink" => name)
+                    .record(e2e.as_secs_f64());
+            }
+            Outcome::Throttle { pause, reason } => sink.pause.pause_for(*pause, reason),
+            Outcome::ConfigError { reason } => {
+                tracing::error!(sink = %sink.name, reason, "sink configuration error; pausing the sink, rows stay pending");
+                sink.pause.pause_for(CONFIG_ERROR_PAUSE, reason);
+            }
+            Outcome::Retry { reason, .. } => {
+                tracing::debug!(id = d.id, sink = %sink.name, reason, "delivery failed; will retry");
+            }
+            Outcome::Permanent { reason } => {
+                tracing::warn!(id = d.id, sink = %sink.name, reason, "delivery failed permanently");
+            }
+        }
+        retry::resolve(&outcome, d.attempts, &sink.retry)
+    }
+}

@@ -1,0 +1,228 @@
+//! The relay loop (SPEC section 3), in leader or claim mode:
+//!
+//! ```text
+//! loop:
+//!     leader mode: wait until the lease is held; claims carry its epoch (fencing)
+//!     wait until enough delivery slots are free to make a claim worth a statement
+//!     claim up to min(free slots, batch_size) due rows      -- one statement
+//!     hand each row to a delivery task                       -- results batched by the recorder
+//!     a full batch: claim again at once; otherwise sleep poll_interval (NOTIFY wakes sooner)
+//! on shutdown: claim nothing more, let sends in flight finish (bounded), write their results
+//! ```
+//!
+//! Guarantees: the relay never claims more rows than it has free delivery slots, so every
+//! claimed row starts at once (G4's deadline check gives back the rest); no claim is made
+//! without a live lease in leader mode; a database outage pauses the loop (readiness goes
+//! false) and never crashes it.
+
+mod dispatch;
+mod recorder;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use dispatch::{Dispatcher, Job};
+pub use recorder::{Recorder, RecorderHandle};
+
+use crate::config::{Mode, RelaySettings};
+use crate::lease::{LeaseState, drift};
+use crate::sink::SinkRegistry;
+use crate::store::{ClaimRequest, OutboxStore};
+use crate::telemetry::Health;
+
+/// Everything the loop needs.
+pub struct Relay {
+    pub store: Arc<dyn OutboxStore>,
+    pub sinks: Arc<SinkRegistry>,
+    pub settings: RelaySettings,
+    /// The lease's name (fence key) and state, in leader mode with a lease backend.
+    pub lease: Option<(String, watch::Receiver<LeaseState>)>,
+    /// Woken by PostgreSQL NOTIFY (or anything else that knows rows arrived).
+    pub wake: Arc<Notify>,
+    pub health: Arc<Health>,
+    /// Cancelled on SIGTERM/SIGINT.
+    pub shutdown: CancellationToken,
+}
+
+impl Relay {
+    /// Runs until `shutdown`, then drains. Returns once every in-flight result is written
+    /// (or `shutdown_timeout` has passed).
+    pub async fn run(self) {
+        let s = &self.settings;
+        let recorder = Recorder::start(self.store.clone());
+        let dispatcher = Arc::new(Dispatcher {
+            sinks: self.sinks.clone(),
+            recorder: recorder.handle(),
+            shutdown: self.shutdown.clone(),
+            lease: self.lease.as_ref().map(|(_, rx)| rx.clone()),
+        });
+        let slots = Arc::new(Semaphore::new(s.max_in_flight as usize));
+        let full_batch = s.batch_size.min(s.max_in_flight) as usize;
+        // Claim only when at least this many slots are free (unless nothing is in flight):
+        // otherwise every finished send would trigger its own one-row claim statement.
+        let worth_claiming = (full_batch / 2).max(1);
+        let mut tasks = JoinSet::new();
+        let mut lease_rx = self.lease.as_ref().map(|(_, rx)| rx.clone());
+        let mut db_failures = 0u32;
+        tracing::info!(
+            instance = %s.instance_id,
+            mode = ?s.mode,
+            batch_size = s.batch_size,
+            max_in_flight = s.max_in_flight,
+            "relay started"
+        );
+
+        while !self.shutdown.is_cancelled() {
+            while tasks.try_join_next().is_some() {}
+
+            // 1. Leader mode: only the lease holder claims, under its epoch.
+            let fence = match &self.lease {
+                Some((name, rx)) if s.mode == Mode::Leader => {
+                    let state = *rx.borrow();
+                    match state.fence(name) {
+                        Some(f) => Some(f),
+                        None => {
+                            self.wait_for_lease(&mut lease_rx).await;
+                            continue;
+                        }
+                    }
+                }
+                _ => None,
+            };
+
+            // 2. Enough free slots for a claim worth its statement.
+            let free = slots.available_permits();
+            if free < worth_claiming && !tasks.is_empty() {
+                tokio::select! {
+                    _ = tasks.join_next() => {}
+                    _ = self.shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            let limit = free.min(s.batch_size as usize);
+            if limit == 0 {
+                continue;
+            }
+
+            // 3. Claim.
+            let token: Arc<str> = Arc::from(crate::random_token());
+            let epoch = fence.as_ref().map(|f| f.epoch);
+            let req = ClaimRequest {
+                limit: limit as u32,
+                ttl: s.claim_ttl,
+                claimer: s.instance_id.clone(),
+                token: token.clone(),
+                fence,
+            };
+            let claimed_at = Instant::now();
+            let rows = match self.store.claim(&req).await {
+                Ok(rows) => {
+                    if db_failures > 0 {
+                        tracing::info!("database reachable again; claiming resumed");
+                    }
+                    db_failures = 0;
+                    self.health.set_database(true);
+                    rows
+                }
+                Err(e) => {
+                    db_failures += 1;
+                    self.health.set_database(false);
+                    let wait = (Duration::from_millis(250) * 2u32.pow(db_failures.min(5)))
+                        .min(Duration::from_secs(5));
+                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            };
+            metrics::histogram!("outbox_relay_claim_duration_seconds")
+                .record(claimed_at.elapsed().as_secs_f64());
+            metrics::counter!("outbox_relay_claimed_total").increment(rows.len() as u64);
+            let n = rows.len();
+            let deadline = claimed_at + s.claim_ttl - drift(s.claim_ttl);
+
+            // 4. One delivery task per row; each holds one in-flight slot.
+            for row in rows {
+                let Ok(permit) = slots.clone().try_acquire_owned() else {
+                    // Cannot happen: only this loop takes slots and it claimed no more than
+                    // were free. Giving the row back keeps it safe if it ever does.
+                    tracing::error!(
+                        "no free slot for a claimed row; it will be retried after its claim expires"
+                    );
+                    continue;
+                };
+                let dispatcher = dispatcher.clone();
+                let job = Job {
+                    row,
+                    token: token.clone(),
+                    epoch,
+                    claimed_at,
+                    deadline,
+                };
+                tasks.spawn(async move {
+                    dispatcher.deliver(job).await;
+                    drop(permit);
+                });
+            }
+
+            // 5. A full batch: there is probably more; claim again at once.
+            if n == limit {
+                continue;
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(s.poll_interval) => {}
+                _ = self.shutdown.cancelled() => {}
+                _ = lease_changed(&mut lease_rx) => {}
+            }
+        }
+
+        // Shutdown: nothing more is claimed; rows not yet sent are given back by their tasks.
+        self.health.set_draining();
+        let in_flight = tasks.len();
+        tracing::info!(in_flight, "shutting down: waiting for deliveries in flight");
+        let drained = tokio::time::timeout(s.shutdown_timeout, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                left = tasks.len(),
+                "shutdown_timeout passed with sends still running; their rows will be retried after their claims expire"
+            );
+            tasks.abort_all();
+        }
+        drop(dispatcher);
+        recorder.close(Duration::from_secs(10)).await;
+        tracing::info!("relay stopped");
+    }
+
+    /// Waits for the keeper to publish a new state (or a short while: a deadline can pass
+    /// without any publication if the keeper task is starved).
+    async fn wait_for_lease(&self, rx: &mut Option<watch::Receiver<LeaseState>>) {
+        tokio::select! {
+            _ = lease_changed(rx) => {}
+            _ = self.shutdown.cancelled() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+/// Resolves when the lease state changes (never, without a lease).
+async fn lease_changed(rx: &mut Option<watch::Receiver<LeaseState>>) {
+    match rx {
+        Some(rx) => {
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}

@@ -1,0 +1,155 @@
+//! Where rows go. A [`Sink`] turns one row into one request and classifies the answer into an
+//! [`Outcome`]; it never touches the database. Routing (`channel` -> sink), concurrency caps,
+//! rate limits and pauses are the same for every kind and live in [`SinkHandle`].
+//!
+//! Guarantees:
+//! - a payload a sink cannot send (malformed, oversized, wrong shape) is [`Outcome::Permanent`]
+//!   with a readable reason, never a panic (G5);
+//! - every request carries a key derived only from the row ([`Delivery::idempotency_key`]), the
+//!   same on every attempt (G3);
+//! - secrets are never put into an outcome's reason.
+
+mod limits;
+mod log;
+mod spec;
+pub mod webhook;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use limits::{Pause, RateLimiter};
+pub use spec::{SinkCommon, SinkKind, SinkSpec};
+use tokio::sync::Semaphore;
+
+use crate::BoxFuture;
+use crate::config::{RetrySettings, Settings};
+
+/// One row on its way to a sink: what a sink may read of it.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub id: i64,
+    pub channel: String,
+    pub recipient: Option<String>,
+    /// The payload as stored (JSON text).
+    pub payload: String,
+    /// Attempts already made before this one.
+    pub attempts: u32,
+}
+
+impl Delivery {
+    /// The stable key receivers deduplicate on: the same for every attempt of this row.
+    pub fn idempotency_key(&self) -> String {
+        self.id.to_string()
+    }
+}
+
+/// How one delivery attempt ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The receiver accepted the request.
+    Delivered,
+    /// A transient failure: try again after backoff (or after `after`, from `Retry-After`).
+    Retry {
+        after: Option<Duration>,
+        reason: String,
+    },
+    /// The receiver asks us to slow down: pause the whole sink for `pause`; the attempt does
+    /// not count against the row.
+    Throttle { pause: Duration, reason: String },
+    /// This row can never be delivered: FAILED.
+    Permanent { reason: String },
+    /// The sink itself is misconfigured (credentials, permissions): pause it and alert; the
+    /// row stays pending and the attempt does not count.
+    ConfigError { reason: String },
+}
+
+impl Outcome {
+    /// The label used in `deliveries_total{outcome}`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Delivered => "delivered",
+            Outcome::Retry { .. } => "retry",
+            Outcome::Throttle { .. } => "throttle",
+            Outcome::Permanent { .. } => "permanent",
+            Outcome::ConfigError { .. } => "config_error",
+        }
+    }
+}
+
+/// A destination for rows.
+pub trait Sink: Send + Sync {
+    /// Sends one row and classifies the answer. Must finish within the sink's `timeout`
+    /// (the relay also enforces it) and must not panic on any payload.
+    fn deliver<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Outcome>;
+}
+
+/// How long a sink pauses after a [`Outcome::ConfigError`] before trying again by itself.
+pub const CONFIG_ERROR_PAUSE: Duration = Duration::from_secs(60);
+
+/// A configured sink with what the relay needs around it: limits, pause state, retry policy.
+pub struct SinkHandle {
+    /// The sink's name (the `channel` value it serves).
+    pub name: String,
+    pub sink: Arc<dyn Sink>,
+    /// Longest one delivery may take.
+    pub timeout: Duration,
+    /// The effective retry policy (global, with this sink's overrides).
+    pub retry: RetrySettings,
+    /// Caps deliveries in flight to this sink at `concurrency`.
+    pub slots: Arc<Semaphore>,
+    /// Spaces out delivery starts when `rate_per_sec` is set.
+    pub rate: Option<RateLimiter>,
+    /// Set by throttles and config errors; the relay does not send while it lasts.
+    pub pause: Pause,
+}
+
+/// All sinks by name.
+pub struct SinkRegistry {
+    sinks: BTreeMap<String, Arc<SinkHandle>>,
+}
+
+impl SinkRegistry {
+    /// Builds every sink in the settings (HTTP clients are created once here, not per row).
+    pub fn build(settings: &Settings) -> anyhow::Result<SinkRegistry> {
+        let mut sinks = BTreeMap::new();
+        for (name, spec) in &settings.sinks {
+            let sink: Arc<dyn Sink> = match &spec.kind {
+                SinkKind::Log => Arc::new(log::LogSink::new(name)),
+                SinkKind::Webhook(cfg) => {
+                    Arc::new(webhook::WebhookSink::new(name, cfg, spec.common.timeout)?)
+                }
+            };
+            let handle = SinkHandle {
+                name: name.clone(),
+                sink,
+                timeout: spec.common.timeout,
+                retry: spec.common.retry_policy(&settings.retry),
+                slots: Arc::new(Semaphore::new(spec.common.concurrency as usize)),
+                rate: spec.common.rate_per_sec.map(RateLimiter::new),
+                pause: Pause::new(name),
+            };
+            sinks.insert(name.clone(), Arc::new(handle));
+        }
+        Ok(SinkRegistry { sinks })
+    }
+
+    /// The sink serving `channel`, if one is configured.
+    pub fn get(&self, channel: &str) -> Option<&Arc<SinkHandle>> {
+        self.sinks.get(channel)
+    }
+
+    /// Every sink, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<SinkHandle>> {
+        self.sinks.values()
+    }
+
+    /// The longest timeout of any sink.
+    pub fn max_timeout(&self) -> Duration {
+        self.sinks
+            .values()
+            .map(|s| s.timeout)
+            .max()
+            .unwrap_or(Duration::from_secs(10))
+    }
+}

@@ -1,0 +1,147 @@
+//! The SQL that differs between databases: clock expressions, casts, locking clauses and
+//! placeholders. Statements are written once with `?` placeholders and [`Dialect::finalize`]d.
+
+/// A supported database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    /// MySQL 8 or MariaDB; `skip_locked` when the server has `FOR UPDATE SKIP LOCKED`
+    /// (MySQL 8.0.1+, MariaDB 10.6+).
+    MySql {
+        mariadb: bool,
+        skip_locked: bool,
+    },
+    Sqlite,
+}
+
+impl Dialect {
+    /// The dialect a URL's scheme names (MySQL's flavour is refined after connecting).
+    pub fn from_url(url: &str) -> Option<Dialect> {
+        let scheme = url.split("://").next()?;
+        match scheme {
+            "postgres" | "postgresql" => Some(Dialect::Postgres),
+            "mysql" | "mariadb" => Some(Dialect::MySql {
+                mariadb: false,
+                skip_locked: true,
+            }),
+            "sqlite" => Some(Dialect::Sqlite),
+            _ => None,
+        }
+    }
+
+    /// A short name for logs and `status`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql { mariadb: true, .. } => "mariadb",
+            Dialect::MySql { .. } => "mysql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+
+    /// The database's current time, in the type of the timestamp columns.
+    pub fn now(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "now()",
+            Dialect::MySql { .. } => "NOW(6)",
+            Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
+        }
+    }
+
+    /// Now plus a bound number of milliseconds (one `?` placeholder, bound as i64).
+    pub fn now_plus_ms(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "(now() + make_interval(secs => ?::float8 / 1000))",
+            Dialect::MySql { .. } => "DATE_ADD(NOW(6), INTERVAL (? * 1000) MICROSECOND)",
+            Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now', (? / 1000.0) || ' seconds')",
+        }
+    }
+
+    /// Milliseconds from `col` to now (an integer expression).
+    pub fn age_ms(self, col: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("(EXTRACT(EPOCH FROM (now() - {col})) * 1000)::bigint"),
+            Dialect::MySql { .. } => {
+                format!("(TIMESTAMPDIFF(MICROSECOND, {col}, NOW(6)) DIV 1000)")
+            }
+            Dialect::Sqlite => {
+                format!("CAST((julianday('now') - julianday({col})) * 86400000 AS INTEGER)")
+            }
+        }
+    }
+
+    /// A timestamp column as text (for display).
+    pub fn time_text(self, col: &str) -> String {
+        match self {
+            Dialect::Postgres => {
+                format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')")
+            }
+            Dialect::MySql { .. } => format!("DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s')"),
+            Dialect::Sqlite => format!("substr({col}, 1, 19)"),
+        }
+    }
+
+    /// The payload column as text.
+    pub fn payload_text(self, col: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("{col}::text"),
+            Dialect::MySql { .. } => format!("CAST({col} AS CHAR)"),
+            Dialect::Sqlite => col.to_string(),
+        }
+    }
+
+    /// A bound payload as a value of the payload column's type.
+    pub fn payload_param(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "?::jsonb",
+            _ => "?",
+        }
+    }
+
+    /// Rewrites `?` placeholders into the dialect's form (`$1, $2, ...` on PostgreSQL).
+    /// Statements are ours and contain no `?` inside literals.
+    pub fn finalize(self, sql: &str) -> String {
+        if self != Dialect::Postgres {
+            return sql.to_string();
+        }
+        let mut out = String::with_capacity(sql.len() + 16);
+        let mut n = 0;
+        for c in sql.chars() {
+            if c == '?' {
+                n += 1;
+                out.push('$');
+                out.push_str(&n.to_string());
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+}
+
+/// `?, ?, ?` for `n` placeholders.
+pub fn placeholders(n: usize) -> String {
+    let mut s = String::with_capacity(n * 3);
+    for i in 0..n {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        s.push('?');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_placeholders_for_postgres_only() {
+        assert_eq!(
+            Dialect::Postgres.finalize("a = ? AND b IN (?, ?)"),
+            "a = $1 AND b IN ($2, $3)"
+        );
+        assert_eq!(Dialect::Sqlite.finalize("a = ?"), "a = ?");
+        assert_eq!(placeholders(3), "?, ?, ?");
+    }
+}

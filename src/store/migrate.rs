@@ -1,0 +1,105 @@
+//! Versioned, idempotent schema migrations, keyed by table name in `outbox_relay_schema`.
+//!
+//! Several instances may start (and migrate) at once: PostgreSQL serialises them with an
+//! advisory lock inside one transaction (its DDL is transactional), MySQL with `GET_LOCK` on
+//! one connection; SQLite has a single writer. Every step is `IF NOT EXISTS`, so a step
+//! interrupted half-way (MySQL DDL is not transactional) is simply run again.
+
+use sqlx::{Any, AnyPool, Executor, Row};
+
+use super::{Dialect, mysql, postgres, sqlite};
+
+/// The newest schema version this build knows.
+pub const LATEST: i64 = 1;
+
+fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
+    match (dialect, version) {
+        (Dialect::Postgres, 1) => postgres::schema_v1(table),
+        (Dialect::MySql { .. }, 1) => mysql::schema_v1(table),
+        (Dialect::Sqlite, 1) => sqlite::schema_v1(table),
+        _ => Vec::new(),
+    }
+}
+
+/// Brings `table` to [`LATEST`]. Returns the versions applied.
+pub async fn run(pool: &AnyPool, dialect: Dialect, table: &str) -> anyhow::Result<Vec<i64>> {
+    let mut conn = pool.acquire().await?;
+    match dialect {
+        Dialect::Postgres => {
+            conn.execute("BEGIN").await?;
+            let result = async {
+                conn.execute("SELECT pg_advisory_xact_lock(7424319)")
+                    .await?;
+                apply(&mut conn, dialect, table).await
+            }
+            .await;
+            match result {
+                Ok(v) => {
+                    conn.execute("COMMIT").await?;
+                    Ok(v)
+                }
+                Err(e) => {
+                    let _ = conn.execute("ROLLBACK").await;
+                    Err(e)
+                }
+            }
+        }
+        Dialect::MySql { .. } => {
+            let got: i64 = sqlx::query_scalar("SELECT GET_LOCK('outbox_relay_migrate', 60)")
+                .fetch_one(&mut *conn)
+                .await?;
+            if got != 1 {
+                anyhow::bail!("another instance held the migration lock for 60s");
+            }
+            let result = apply(&mut conn, dialect, table).await;
+            let _ = conn
+                .execute("SELECT RELEASE_LOCK('outbox_relay_migrate')")
+                .await;
+            result
+        }
+        Dialect::Sqlite => apply(&mut conn, dialect, table).await,
+    }
+}
+
+async fn apply(
+    conn: &mut sqlx::pool::PoolConnection<Any>,
+    dialect: Dialect,
+    table: &str,
+) -> anyhow::Result<Vec<i64>> {
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS outbox_relay_schema (
+            target VARCHAR(191) NOT NULL PRIMARY KEY,
+            version BIGINT NOT NULL
+        )",
+    )
+    .await?;
+    let current: i64 = sqlx::query(sqlx::AssertSqlSafe(
+        dialect.finalize("SELECT version FROM outbox_relay_schema WHERE target = ?"),
+    ))
+    .bind(table.to_string())
+    .fetch_optional(&mut **conn)
+    .await?
+    .map(|r| r.try_get::<i64, _>(0))
+    .transpose()?
+    .unwrap_or(0);
+    let mut applied = Vec::new();
+    for version in (current + 1)..=LATEST {
+        for step in steps(dialect, table, version) {
+            conn.execute(sqlx::AssertSqlSafe(step)).await?;
+        }
+        let upsert = if current == 0 && version == 1 {
+            "INSERT INTO outbox_relay_schema (target, version) VALUES (?, ?)"
+        } else {
+            "UPDATE outbox_relay_schema SET version = ? WHERE target = ?"
+        };
+        let q = sqlx::query(sqlx::AssertSqlSafe(dialect.finalize(upsert)));
+        let q = if current == 0 && version == 1 {
+            q.bind(table.to_string()).bind(version)
+        } else {
+            q.bind(version).bind(table.to_string())
+        };
+        q.execute(&mut **conn).await?;
+        applied.push(version);
+    }
+    Ok(applied)
+}

@@ -1,0 +1,214 @@
+//! The outbox table and the lease table, on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite.
+//!
+//! Guarantees (SPEC sections 1 to 3):
+//! - a claim takes only rows that are due, unclaimed or whose claim expired, and (with a
+//!   [`Fence`]) only while the stored lease epoch is still the claimer's: the database itself
+//!   refuses a stale holder (G2);
+//! - a claim carries a fresh `claim_token` and a `claimed_until` on the database clock; every
+//!   result write is guarded by that token, so a write from a holder whose claim expired and was
+//!   taken by someone else changes no row (G2);
+//! - rows with the same `ordering_key` are claimable one at a time, in id order;
+//! - claims and result writes are batched: one claim statement per batch, one result statement
+//!   per outcome kind and claim batch, never one statement per row on the happy path.
+
+mod dialect;
+mod migrate;
+mod mysql;
+mod postgres;
+mod sql;
+mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use dialect::Dialect;
+pub use postgres::listen;
+pub use sql::SqlStore;
+
+use crate::BoxFuture;
+use crate::sink::Delivery;
+
+/// The statuses of the state machine (SPEC section 2).
+pub const STATUSES: [&str; 4] = ["PENDING", "RETRY", "SUCCESS", "FAILED"];
+
+/// The longest `last_error` stored; longer reasons are cut (at a character boundary).
+pub const MAX_ERROR_LEN: usize = 1000;
+
+/// Leader-mode fencing: claim only while `outbox_relay_lease.epoch` for `lease` is `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub lease: String,
+    pub epoch: i64,
+}
+
+/// What to claim.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Most rows to take.
+    pub limit: u32,
+    /// How long the claim lasts (`claimed_until = now + ttl` on the database clock).
+    pub ttl: Duration,
+    /// Written to `claimed_by`.
+    pub claimer: String,
+    /// The random token written to `claim_token`; result writes must present it.
+    pub token: Arc<str>,
+    /// Leader mode's epoch check; `None` in claim mode and with the `none` lease.
+    pub fence: Option<Fence>,
+}
+
+/// A claimed row.
+#[derive(Debug, Clone)]
+pub struct ClaimedRow {
+    pub delivery: Delivery,
+    pub ordering_key: Option<String>,
+    /// `now - created_at` on the database clock at claim time, for end-to-end latency without
+    /// trusting the relay's wall clock.
+    pub age_at_claim: Duration,
+}
+
+/// The result of one row, to be written back under its claim token.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub id: i64,
+    /// The claim token the row was claimed with.
+    pub token: Arc<str>,
+    pub resolution: Resolution,
+}
+
+/// How a row leaves its claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// SUCCESS; `attempts + 1`, `sent_at = now`.
+    Delivered,
+    /// RETRY after `delay`; `attempts + 1`.
+    Retry { delay: Duration, error: String },
+    /// FAILED; `attempts + 1`.
+    Failed { error: String },
+    /// Back to the queue untouched (status and attempts unchanged), due after `delay`: for
+    /// throttles, paused sinks, and rows not sent because their claim or the lease ran out.
+    Release {
+        delay: Duration,
+        error: Option<String>,
+    },
+}
+
+/// A row to insert (the `enqueue` verb, tests and benchmarks).
+#[derive(Debug, Clone, Default)]
+pub struct NewRow {
+    pub channel: String,
+    pub recipient: Option<String>,
+    pub payload: String,
+    pub ordering_key: Option<String>,
+}
+
+/// What `status` shows.
+#[derive(Debug, Clone, Default)]
+pub struct StatusReport {
+    /// (status, channel, count), for every pair present.
+    pub counts: Vec<(String, String, i64)>,
+    /// Age of the oldest PENDING or RETRY row.
+    pub oldest_pending: Option<Duration>,
+    /// The lease row: holder, epoch, and time left (negative when expired).
+    pub lease: Option<LeaseRow>,
+    /// (claimed_by, live claims).
+    pub claims: Vec<(String, i64)>,
+}
+
+/// A row of `outbox_relay_lease`.
+#[derive(Debug, Clone)]
+pub struct LeaseRow {
+    pub holder: Option<String>,
+    pub epoch: i64,
+    pub remaining_ms: Option<i64>,
+}
+
+/// A FAILED row, as `failed` lists it.
+#[derive(Debug, Clone)]
+pub struct FailedRow {
+    pub id: i64,
+    pub channel: String,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub updated_at: String,
+}
+
+/// Everything the relay and the CLI need from the database.
+pub trait OutboxStore: Send + Sync {
+    /// Which database this is.
+    fn dialect(&self) -> Dialect;
+    /// Creates or upgrades the tables (idempotent, safe to run from several instances).
+    fn migrate(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// A cheap round trip (readiness).
+    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// Claims up to `req.limit` due rows, in id order.
+    fn claim<'a>(&'a self, req: &'a ClaimRequest)
+    -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>>;
+    /// Writes results back, guarded by each row's claim token. Returns the rows changed; a
+    /// result whose claim is no longer live changes nothing.
+    fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>>;
+    /// Inserts a row and returns its id.
+    fn enqueue<'a>(&'a self, row: &'a NewRow) -> BoxFuture<'a, anyhow::Result<i64>>;
+    /// Counts and ages for `status`; `lease` names the lease row to show.
+    fn status<'a>(&'a self, lease: &'a str) -> BoxFuture<'a, anyhow::Result<StatusReport>>;
+    /// FAILED rows, newest first.
+    fn failed<'a>(
+        &'a self,
+        limit: u32,
+        channel: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<FailedRow>>>;
+
+    /// `database` lease backend: takes the lease if it is free or expired (on the database
+    /// clock), bumping the epoch. Returns the new epoch, or `None` if someone else holds it.
+    fn lease_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>>;
+    /// Extends the lease if `holder` still holds it at `epoch`; false means it is lost.
+    fn lease_renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        epoch: i64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, anyhow::Result<bool>>;
+    /// Gives the lease up if still held.
+    fn lease_release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        epoch: i64,
+    ) -> BoxFuture<'a, anyhow::Result<()>>;
+    /// For leases held elsewhere (Redis): records `holder` and bumps the epoch, fencing off
+    /// every earlier holder's claims. Returns the new epoch.
+    fn advance_epoch<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<i64>>;
+}
+
+/// Cuts an error to [`MAX_ERROR_LEN`] bytes at a character boundary.
+pub fn truncate_error(e: &str) -> String {
+    if e.len() <= MAX_ERROR_LEN {
+        return e.to_string();
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !e.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &e[..end])
+}
+
+/// Opens the store for `url` with `table`, without migrating.
+pub async fn connect(
+    url: &str,
+    table: &str,
+    max_connections: u32,
+    connect_timeout: Duration,
+) -> anyhow::Result<Arc<dyn OutboxStore>> {
+    Ok(Arc::new(
+        SqlStore::connect(url, table, max_connections, connect_timeout).await?,
+    ))
+}

@@ -1,0 +1,100 @@
+//! PostgreSQL: schema, and LISTEN wake-ups from the insert trigger.
+//!
+//! `migrate` installs a statement-level AFTER INSERT trigger that `NOTIFY`s `<table>_new`, so a
+//! relay wakes as soon as a transaction that wrote outbox rows commits, instead of waiting
+//! for its next poll. Notifications are only a hint: the poll stays the source of truth, so a
+//! notification lost while the listener reconnects delays rows by one poll interval at most.
+
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Schema version 1.
+pub(super) fn schema_v1(t: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                id BIGSERIAL PRIMARY KEY,
+                channel TEXT NOT NULL,
+                recipient TEXT NULL,
+                payload JSONB NOT NULL,
+                ordering_key TEXT NULL,
+                status TEXT NOT NULL DEFAULT 'PENDING'
+                    CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED')),
+                attempts INT NOT NULL DEFAULT 0,
+                next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                claimed_by TEXT NULL,
+                claim_token TEXT NULL,
+                claimed_until TIMESTAMPTZ NULL,
+                last_error TEXT NULL,
+                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                sent_at TIMESTAMPTZ NULL
+            )"
+        ),
+        // The claim walks this partial index in id order: only unfinished rows are in it.
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_due_idx ON {t} (id, next_attempt_at)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} (ordering_key, id)
+             WHERE ordering_key IS NOT NULL AND status IN ('PENDING', 'RETRY')"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
+        "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NULL,
+            lease_until TIMESTAMPTZ NULL,
+            epoch BIGINT NOT NULL DEFAULT 0
+        )"
+        .to_string(),
+        format!(
+            "CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
+             BEGIN PERFORM pg_notify('{t}_new', ''); RETURN NULL; END $fn$"
+        ),
+        format!("DROP TRIGGER IF EXISTS {t}_notify ON {t}"),
+        format!(
+            "CREATE TRIGGER {t}_notify AFTER INSERT ON {t}
+             FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
+        ),
+    ]
+}
+
+/// The channel the trigger notifies.
+pub fn notify_channel(table: &str) -> String {
+    format!("{table}_new")
+}
+
+/// Listens for the insert trigger and wakes `wake` on each notification, until `stop`.
+/// Reconnects by itself (with a pause) when the connection drops.
+pub async fn listen(url: String, table: String, wake: Arc<Notify>, stop: CancellationToken) {
+    let channel = notify_channel(&table);
+    loop {
+        let result: Result<(), sqlx::Error> = async {
+            let mut listener = sqlx::postgres::PgListener::connect(&url).await?;
+            listener.listen(&channel).await?;
+            tracing::debug!(%channel, "listening for new outbox rows");
+            // Rows may have arrived while we were not listening.
+            wake.notify_one();
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    n = listener.recv() => { n?; wake.notify_one(); }
+                }
+            }
+        }
+        .await;
+        if stop.is_cancelled() {
+            return;
+        }
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "LISTEN connection lost; polling only until it is back");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+        }
+    }
+}

@@ -1,0 +1,710 @@
+//! [`SqlStore`]: the [`OutboxStore`] over sqlx's `Any` driver. One code path for the three
+//! databases; what differs is the SQL text ([`Dialect`]) and the shape of the claim:
+//! PostgreSQL and SQLite claim with one `UPDATE ... RETURNING`, MySQL/MariaDB (no UPDATE
+//! RETURNING) with `SELECT ... FOR UPDATE SKIP LOCKED` then `UPDATE` in one transaction.
+//!
+//! Timestamps never cross the wire as values (the `Any` driver cannot decode them): every
+//! comparison uses the database clock, and ages come back as integer milliseconds.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
+use sqlx::query::Query;
+use sqlx::{Any, AnyPool, Executor, Row};
+
+use super::dialect::placeholders;
+use super::{
+    ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, LeaseRow, NewRow, OutboxStore,
+    Resolution, StatusReport, migrate, mysql, truncate_error,
+};
+use crate::BoxFuture;
+use crate::sink::Delivery;
+
+/// Most rows in one result statement (keeps statements and their parameter lists bounded).
+const RESULT_CHUNK: usize = 500;
+
+/// The outbox on a SQL database.
+pub struct SqlStore {
+    pool: AnyPool,
+    dialect: Dialect,
+    /// The outbox table's name (validated as an identifier).
+    table: String,
+    /// Whether the lease row for some name has been inserted (saves a statement per acquire).
+    lease_row_ready: AtomicBool,
+}
+
+type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
+
+fn query(sql: String) -> AnyQuery<'static> {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+}
+
+impl SqlStore {
+    /// Connects (without migrating). `table` must already be a validated identifier.
+    pub async fn connect(
+        url: &str,
+        table: &str,
+        max_connections: u32,
+        connect_timeout: Duration,
+    ) -> anyhow::Result<SqlStore> {
+        sqlx::any::install_default_drivers();
+        let mut dialect = Dialect::from_url(url)
+            .ok_or_else(|| anyhow::anyhow!("unsupported database URL scheme"))?;
+        let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        let options = AnyPoolOptions::new()
+            .max_connections(if in_memory { 1 } else { max_connections })
+            .acquire_timeout(connect_timeout);
+        // An in-memory SQLite database lives and dies with its one connection.
+        let options = if in_memory {
+            options.idle_timeout(None).max_lifetime(None)
+        } else {
+            options
+        };
+        let options = match dialect {
+            Dialect::MySql { .. } => options.after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            }),
+            _ => options,
+        };
+        let pool = options.connect(url).await?;
+        match dialect {
+            Dialect::MySql { .. } => {
+                let version: String = sqlx::query_scalar("SELECT VERSION()")
+                    .fetch_one(&pool)
+                    .await?;
+                let (mariadb, skip_locked) = mysql::capabilities(&version);
+                if !skip_locked {
+                    tracing::warn!(
+                        %version,
+                        "server has no FOR UPDATE SKIP LOCKED; claims will wait on each other"
+                    );
+                }
+                dialect = Dialect::MySql {
+                    mariadb,
+                    skip_locked,
+                };
+            }
+            Dialect::Sqlite if !in_memory => {
+                pool.execute("PRAGMA journal_mode=WAL").await?;
+            }
+            _ => {}
+        }
+        Ok(SqlStore {
+            pool,
+            dialect,
+            table: table.to_string(),
+            lease_row_ready: AtomicBool::new(false),
+        })
+    }
+
+    /// The pool, for tests and benchmarks that inspect the table directly.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    fn sql(&self, text: &str) -> AnyQuery<'static> {
+        query(self.dialect.finalize(text))
+    }
+
+    /// The condition a row `o` must meet to be claimed: due, not under a live claim, and the
+    /// head of its ordering key.
+    fn claimable(&self) -> String {
+        let t = &self.table;
+        let now = self.dialect.now();
+        format!(
+            "o.status IN ('PENDING', 'RETRY') AND o.next_attempt_at <= {now}
+             AND (o.claimed_until IS NULL OR o.claimed_until < {now})
+             AND (o.ordering_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+                 AND p.status IN ('PENDING', 'RETRY')))"
+        )
+    }
+
+    fn returning_columns(&self, alias: &str) -> String {
+        let d = self.dialect;
+        format!(
+            "{alias}id, {alias}channel, {alias}recipient, {}, {alias}attempts, {}, {alias}ordering_key",
+            d.payload_text(&format!("{alias}payload")),
+            d.age_ms(&format!("{alias}created_at"))
+        )
+    }
+
+    async fn claim_update_returning(&self, req: &ClaimRequest) -> anyhow::Result<Vec<AnyRow>> {
+        let t = &self.table;
+        let d = self.dialect;
+        let (now, plus) = (d.now(), d.now_plus_ms());
+        let ttl_ms = req.ttl.as_millis() as i64;
+        let rows = if d == Dialect::Postgres {
+            let (fence_cte, fence_cond) = if req.fence.is_some() {
+                (
+                    "fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ? FOR SHARE),",
+                    "AND EXISTS (SELECT 1 FROM fence)",
+                )
+            } else {
+                ("", "")
+            };
+            let sql = format!(
+                "WITH {fence_cte} picked AS (
+                    SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
+                    ORDER BY o.id LIMIT ? FOR UPDATE OF o SKIP LOCKED)
+                 UPDATE {t} u SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
+                    updated_at = {now}
+                 FROM picked WHERE u.id = picked.id
+                 RETURNING {cols}",
+                claimable = self.claimable(),
+                cols = self.returning_columns("u.")
+            );
+            let mut q = self.sql(&sql);
+            if let Some(f) = &req.fence {
+                q = q.bind(f.lease.clone()).bind(f.epoch);
+            }
+            q.bind(req.limit as i64)
+                .bind(req.claimer.clone())
+                .bind(req.token.to_string())
+                .bind(ttl_ms)
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            let fence_cond = if req.fence.is_some() {
+                "AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ?)"
+            } else {
+                ""
+            };
+            let sql = format!(
+                "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
+                    updated_at = {now}
+                 WHERE id IN (SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
+                    ORDER BY o.id LIMIT ?)
+                 RETURNING {cols}",
+                claimable = self.claimable(),
+                cols = self.returning_columns("")
+            );
+            let mut q = self
+                .sql(&sql)
+                .bind(req.claimer.clone())
+                .bind(req.token.to_string())
+                .bind(ttl_ms);
+            if let Some(f) = &req.fence {
+                q = q.bind(f.lease.clone()).bind(f.epoch);
+            }
+            q.bind(req.limit as i64).fetch_all(&self.pool).await?
+        };
+        Ok(rows)
+    }
+
+    async fn claim_select_for_update(
+        &self,
+        req: &ClaimRequest,
+        skip_locked: bool,
+    ) -> anyhow::Result<Vec<AnyRow>> {
+        let t = &self.table;
+        let d = self.dialect;
+        let mut tx = self.pool.begin().await?;
+        if let Some(f) = &req.fence {
+            let held = self
+                .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ? AND epoch = ? LOCK IN SHARE MODE")
+                .bind(f.lease.clone())
+                .bind(f.epoch)
+                .fetch_optional(&mut *tx)
+                .await?;
+            if held.is_none() {
+                tx.rollback().await?;
+                return Ok(Vec::new());
+            }
+        }
+        let lock = if skip_locked {
+            "FOR UPDATE SKIP LOCKED"
+        } else {
+            "FOR UPDATE"
+        };
+        let sql = format!(
+            "SELECT {cols} FROM {t} o WHERE {claimable} ORDER BY o.id LIMIT ? {lock}",
+            cols = self.returning_columns("o."),
+            claimable = self.claimable()
+        );
+        let rows = self
+            .sql(&sql)
+            .bind(req.limit as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(rows);
+        }
+        let update = format!(
+            "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
+                updated_at = {now} WHERE id IN ({ids})",
+            plus = d.now_plus_ms(),
+            now = d.now(),
+            ids = placeholders(rows.len())
+        );
+        let mut q = self
+            .sql(&update)
+            .bind(req.claimer.clone())
+            .bind(req.token.to_string())
+            .bind(req.ttl.as_millis() as i64);
+        for r in &rows {
+            q = q.bind(r.try_get::<i64, _>(0)?);
+        }
+        q.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    /// One result statement for rows of the same kind and claim token.
+    fn result_statement(&self, kind: Kind, token: &str, rows: &[&Completion]) -> AnyQuery<'static> {
+        let t = &self.table;
+        let d = self.dialect;
+        let now = d.now();
+        let clear = "claimed_by = NULL, claim_token = NULL, claimed_until = NULL";
+        let case_delay = || {
+            let mut s = String::from("CASE id");
+            for _ in rows {
+                s.push_str(" WHEN ? THEN ");
+                s.push_str(d.now_plus_ms());
+            }
+            s.push_str(" END");
+            s
+        };
+        let case_error = || {
+            let mut s = String::from("CASE id");
+            for _ in rows {
+                s.push_str(" WHEN ? THEN ?");
+            }
+            s.push_str(" END");
+            s
+        };
+        let set = match kind {
+            Kind::Delivered => format!(
+                "status = 'SUCCESS', attempts = attempts + 1, sent_at = {now}, last_error = NULL"
+            ),
+            Kind::Retry => format!(
+                "status = 'RETRY', attempts = attempts + 1, next_attempt_at = {}, last_error = {}",
+                case_delay(),
+                case_error()
+            ),
+            Kind::Failed => format!(
+                "status = 'FAILED', attempts = attempts + 1, last_error = {}",
+                case_error()
+            ),
+            Kind::Release => format!(
+                "next_attempt_at = {}, last_error = COALESCE({}, last_error)",
+                case_delay(),
+                case_error()
+            ),
+        };
+        let sql = format!(
+            "UPDATE {t} SET {set}, {clear}, updated_at = {now}
+             WHERE claim_token = ? AND id IN ({ids})",
+            ids = placeholders(rows.len())
+        );
+        let mut q = self.sql(&sql);
+        // Bind in the order the placeholders appear: delays, then errors, then the guard.
+        if matches!(kind, Kind::Retry | Kind::Release) {
+            for c in rows {
+                let delay = match &c.resolution {
+                    Resolution::Retry { delay, .. } | Resolution::Release { delay, .. } => *delay,
+                    _ => Duration::ZERO,
+                };
+                q = q.bind(c.id).bind(delay.as_millis() as i64);
+            }
+        }
+        if matches!(kind, Kind::Retry | Kind::Failed | Kind::Release) {
+            for c in rows {
+                let error = match &c.resolution {
+                    Resolution::Retry { error, .. } | Resolution::Failed { error } => {
+                        Some(truncate_error(error))
+                    }
+                    Resolution::Release { error, .. } => error.as_deref().map(truncate_error),
+                    Resolution::Delivered => None,
+                };
+                q = q.bind(c.id).bind(error);
+            }
+        }
+        q = q.bind(token.to_string());
+        for c in rows {
+            q = q.bind(c.id);
+        }
+        q
+    }
+
+    async fn ensure_lease_row(&self, name: &str) -> anyhow::Result<()> {
+        if self.lease_row_ready.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let sql = match self.dialect {
+            Dialect::MySql { .. } => {
+                "INSERT IGNORE INTO outbox_relay_lease (name, epoch) VALUES (?, 0)"
+            }
+            _ => {
+                "INSERT INTO outbox_relay_lease (name, epoch) VALUES (?, 0) ON CONFLICT (name) DO NOTHING"
+            }
+        };
+        self.sql(sql)
+            .bind(name.to_string())
+            .execute(&self.pool)
+            .await?;
+        self.lease_row_ready.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Result statements are grouped by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Delivered,
+    Retry,
+    Failed,
+    Release,
+}
+
+fn kind_of(r: &Resolution) -> Kind {
+    match r {
+        Resolution::Delivered => Kind::Delivered,
+        Resolution::Retry { .. } => Kind::Retry,
+        Resolution::Failed { .. } => Kind::Failed,
+        Resolution::Release { .. } => Kind::Release,
+    }
+}
+
+fn to_claimed(row: &AnyRow) -> anyhow::Result<ClaimedRow> {
+    let attempts: i64 = row.try_get(4)?;
+    let age_ms: i64 = row.try_get::<Option<i64>, _>(5)?.unwrap_or(0);
+    Ok(ClaimedRow {
+        delivery: Delivery {
+            id: row.try_get(0)?,
+            channel: row.try_get(1)?,
+            recipient: row.try_get(2)?,
+            payload: row.try_get(3)?,
+            attempts: attempts.clamp(0, u32::MAX as i64) as u32,
+        },
+        ordering_key: row.try_get(6)?,
+        age_at_claim: Duration::from_millis(age_ms.max(0) as u64),
+    })
+}
+
+impl OutboxStore for SqlStore {
+    fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            let applied = migrate::run(&self.pool, self.dialect, &self.table).await?;
+            if applied.is_empty() {
+                tracing::info!(table = %self.table, "schema is up to date");
+            } else {
+                tracing::info!(table = %self.table, ?applied, "schema migrated");
+            }
+            Ok(())
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        Box::pin(async move {
+            self.pool.execute("SELECT 1").await?;
+            Ok(())
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>> {
+        Box::pin(async move {
+            let rows = match self.dialect {
+                Dialect::MySql { skip_locked, .. } => {
+                    self.claim_select_for_update(req, skip_locked).await?
+                }
+                _ => self.claim_update_returning(req).await?,
+            };
+            let mut claimed = rows
+                .iter()
+                .map(to_claimed)
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            // RETURNING gives no order; delivery order within a batch is id order.
+            claimed.sort_by_key(|r| r.delivery.id);
+            Ok(claimed)
+        })
+    }
+
+    fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>> {
+        Box::pin(async move {
+            if done.is_empty() {
+                return Ok(0);
+            }
+            let mut groups: BTreeMap<(Kind, &str), Vec<&Completion>> = BTreeMap::new();
+            for c in done {
+                groups
+                    .entry((kind_of(&c.resolution), &c.token))
+                    .or_default()
+                    .push(c);
+            }
+            let mut tx = self.pool.begin().await?;
+            let mut changed = 0;
+            for ((kind, token), rows) in &groups {
+                for chunk in rows.chunks(RESULT_CHUNK) {
+                    let q = self.result_statement(*kind, token, chunk);
+                    changed += q.execute(&mut *tx).await?.rows_affected();
+                }
+            }
+            tx.commit().await?;
+            Ok(changed)
+        })
+    }
+
+    fn enqueue<'a>(&'a self, row: &'a NewRow) -> BoxFuture<'a, anyhow::Result<i64>> {
+        Box::pin(async move {
+            let t = &self.table;
+            let payload = self.dialect.payload_param();
+            let insert = format!(
+                "INSERT INTO {t} (channel, recipient, payload, ordering_key) VALUES (?, ?, {payload}, ?)"
+            );
+            let bind = |q: AnyQuery<'static>| {
+                q.bind(row.channel.clone())
+                    .bind(row.recipient.clone())
+                    .bind(row.payload.clone())
+                    .bind(row.ordering_key.clone())
+            };
+            match self.dialect {
+                Dialect::MySql { .. } => {
+                    let r = bind(self.sql(&insert)).execute(&self.pool).await?;
+                    r.last_insert_id()
+                        .ok_or_else(|| anyhow::anyhow!("the database returned no id"))
+                }
+                _ => {
+                    let sql = format!("{insert} RETURNING id");
+                    let r = bind(self.sql(&sql)).fetch_one(&self.pool).await?;
+                    Ok(r.try_get::<i64, _>(0)?)
+                }
+            }
+        })
+    }
+
+    fn status<'a>(&'a self, lease: &'a str) -> BoxFuture<'a, anyhow::Result<StatusReport>> {
+        Box::pin(async move {
+            let t = &self.table;
+            let d = self.dialect;
+            let counts = self
+                .sql(&format!(
+                    "SELECT status, channel, COUNT(*) FROM {t} GROUP BY status, channel
+                     ORDER BY status, channel"
+                ))
+                .fetch_all(&self.pool)
+                .await?
+                .iter()
+                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let oldest: Option<i64> = self
+                .sql(&format!(
+                    "SELECT MAX({}) FROM {t} WHERE status IN ('PENDING', 'RETRY')",
+                    d.age_ms("created_at")
+                ))
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+            let lease = self
+                .sql(&format!(
+                    "SELECT holder, epoch, -({}) FROM outbox_relay_lease WHERE name = ?",
+                    d.age_ms("lease_until")
+                ))
+                .bind(lease.to_string())
+                .fetch_optional(&self.pool)
+                .await?
+                .map(|r| -> anyhow::Result<LeaseRow> {
+                    Ok(LeaseRow {
+                        holder: r.try_get(0)?,
+                        epoch: r.try_get(1)?,
+                        remaining_ms: r.try_get(2)?,
+                    })
+                })
+                .transpose()?;
+            let claims = self
+                .sql(&format!(
+                    "SELECT claimed_by, COUNT(*) FROM {t}
+                     WHERE claimed_until > {now} AND status IN ('PENDING', 'RETRY')
+                     GROUP BY claimed_by ORDER BY claimed_by",
+                    now = d.now()
+                ))
+                .fetch_all(&self.pool)
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok((
+                        r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                        r.try_get(1)?,
+                    ))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            Ok(StatusReport {
+                counts,
+                oldest_pending: oldest.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+                lease,
+                claims,
+            })
+        })
+    }
+
+    fn failed<'a>(
+        &'a self,
+        limit: u32,
+        channel: Option<&'a str>,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<FailedRow>>> {
+        Box::pin(async move {
+            let t = &self.table;
+            let filter = if channel.is_some() {
+                "AND channel = ?"
+            } else {
+                ""
+            };
+            let sql = format!(
+                "SELECT id, channel, attempts, last_error, {} FROM {t}
+                 WHERE status = 'FAILED' {filter} ORDER BY id DESC LIMIT ?",
+                self.dialect.time_text("updated_at")
+            );
+            let mut q = self.sql(&sql);
+            if let Some(c) = channel {
+                q = q.bind(c.to_string());
+            }
+            q.bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await?
+                .iter()
+                .map(|r| {
+                    Ok(FailedRow {
+                        id: r.try_get(0)?,
+                        channel: r.try_get(1)?,
+                        attempts: r.try_get(2)?,
+                        last_error: r.try_get(3)?,
+                        updated_at: r.try_get(4)?,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn lease_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>> {
+        Box::pin(async move {
+            self.ensure_lease_row(name).await?;
+            let d = self.dialect;
+            let mut tx = self.pool.begin().await?;
+            let taken = self
+                .sql(&format!(
+                    "UPDATE outbox_relay_lease SET holder = ?, lease_until = {plus}, epoch = epoch + 1
+                     WHERE name = ? AND (holder IS NULL OR lease_until IS NULL OR lease_until < {now})",
+                    plus = d.now_plus_ms(),
+                    now = d.now()
+                ))
+                .bind(holder.to_string())
+                .bind(ttl.as_millis() as i64)
+                .bind(name.to_string())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            if taken == 0 {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+            let epoch: i64 = self
+                .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ?")
+                .bind(name.to_string())
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
+            tx.commit().await?;
+            Ok(Some(epoch))
+        })
+    }
+
+    fn lease_renew<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        epoch: i64,
+        ttl: Duration,
+    ) -> BoxFuture<'a, anyhow::Result<bool>> {
+        Box::pin(async move {
+            let n = self
+                .sql(&format!(
+                    "UPDATE outbox_relay_lease SET lease_until = {plus}
+                     WHERE name = ? AND holder = ? AND epoch = ?",
+                    plus = self.dialect.now_plus_ms()
+                ))
+                .bind(ttl.as_millis() as i64)
+                .bind(name.to_string())
+                .bind(holder.to_string())
+                .bind(epoch)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            Ok(n == 1)
+        })
+    }
+
+    fn lease_release<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+        epoch: i64,
+    ) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            self.sql(
+                "UPDATE outbox_relay_lease SET holder = NULL, lease_until = NULL
+                 WHERE name = ? AND holder = ? AND epoch = ?",
+            )
+            .bind(name.to_string())
+            .bind(holder.to_string())
+            .bind(epoch)
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn advance_epoch<'a>(
+        &'a self,
+        name: &'a str,
+        holder: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<i64>> {
+        Box::pin(async move {
+            self.ensure_lease_row(name).await?;
+            let mut tx = self.pool.begin().await?;
+            self.sql(
+                "UPDATE outbox_relay_lease SET epoch = epoch + 1, holder = ?, lease_until = NULL
+                 WHERE name = ?",
+            )
+            .bind(holder.to_string())
+            .bind(name.to_string())
+            .execute(&mut *tx)
+            .await?;
+            let epoch: i64 = self
+                .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ?")
+                .bind(name.to_string())
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
+            tx.commit().await?;
+            Ok(epoch)
+        })
+    }
+}
+
+impl std::fmt::Debug for SqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("dialect", &self.dialect)
+            .field("table", &self.table)
+            .finish()
+    }
+}
