@@ -7,7 +7,7 @@
 //! comparison uses the database clock, and ages come back as integer milliseconds.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
@@ -33,6 +33,9 @@ pub struct SqlStore {
     table: String,
     /// Whether the lease row for some name has been inserted (saves a statement per acquire).
     lease_row_ready: AtomicBool,
+    /// SQL statements built and sent by this store (BEGIN/COMMIT not counted): what the
+    /// benchmark divides by delivered rows.
+    statements: AtomicU64,
 }
 
 type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
@@ -100,6 +103,7 @@ impl SqlStore {
             dialect,
             table: table.to_string(),
             lease_row_ready: AtomicBool::new(false),
+            statements: AtomicU64::new(0),
         })
     }
 
@@ -108,7 +112,13 @@ impl SqlStore {
         &self.pool
     }
 
+    /// Statements sent so far (see the field).
+    pub fn statements(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
     fn sql(&self, text: &str) -> AnyQuery<'static> {
+        self.statements.fetch_add(1, Ordering::Relaxed);
         query(self.dialect.finalize(text))
     }
 
