@@ -30,3 +30,11 @@ pub fn random_token() -> String {
     let b: u64 = rand::random();
     format!("{a:016x}{b:016x}")
 }
+
+/// Installs the process-wide rustls crypto provider (ring) that every TLS client here uses
+/// (reqwest, fred). Idempotent; called by `main` and before any HTTP client is built, so the
+/// library is safe to use on its own (tests, benchmarks).
+pub fn install_crypto_provider() {
+    // An error only means a provider is already installed.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

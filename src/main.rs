@@ -5,9 +5,8 @@ use clap::Parser;
 use outbox_relay::cli::{self, Cli, CliError};
 
 fn main() {
-    // One process-wide rustls provider before any TLS client is built (crates.md P1). An
-    // error means one is already installed, which is fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    // One process-wide rustls provider before any TLS client is built (crates.md P1).
+    outbox_relay::install_crypto_provider();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -40,6 +40,7 @@ pub struct WebhookSink {
 
 impl WebhookSink {
     pub fn new(name: &str, cfg: &WebhookConfig, timeout: Duration) -> anyhow::Result<Self> {
+        crate::install_crypto_provider();
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
