@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use crate::config::{LeaseBackend, Mode, Settings};
-use crate::lease::{DatabaseLease, Keeper, Lease};
+use crate::lease::{DatabaseLease, Keeper, Lease, RedisLease};
 use crate::relay::Relay;
 use crate::sink::SinkRegistry;
 use crate::store::{self, Dialect, OutboxStore};
@@ -30,6 +30,7 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     );
 
     let store_cell: Arc<OnceCell<Arc<dyn OutboxStore>>> = Arc::new(OnceCell::new());
+    let lease_cell: Arc<OnceCell<Arc<dyn Lease>>> = Arc::new(OnceCell::new());
     let http_stop = CancellationToken::new();
     if !settings.http.listen.is_empty() {
         let addr = telemetry::serve(
@@ -37,6 +38,7 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
             prom,
             health.clone(),
             store_cell.clone(),
+            lease_cell.clone(),
             http_stop.clone(),
         )
         .await?;
@@ -60,22 +62,32 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
         ));
     }
 
-    let keeper = match (settings.relay.mode, settings.lease.backend) {
-        (Mode::Leader, LeaseBackend::Database) => {
-            let lease: Arc<dyn Lease> = Arc::new(DatabaseLease::new(
-                store.clone(),
-                &settings.lease.name,
+    let l = &settings.lease;
+    let lease: Option<Arc<dyn Lease>> = match (settings.relay.mode, l.backend) {
+        (Mode::Leader, LeaseBackend::Database) => Some(Arc::new(DatabaseLease::new(
+            store.clone(),
+            &l.name,
+            &settings.relay.instance_id,
+            l.ttl,
+        ))),
+        (Mode::Leader, LeaseBackend::Redis) => {
+            let url = l.redis_url.as_ref().map(|u| u.expose()).unwrap_or_default();
+            let lease = RedisLease::connect(
+                url,
+                &l.name,
                 &settings.relay.instance_id,
-                settings.lease.ttl,
-            ));
-            Some(Keeper::start(
-                lease,
-                store.clone(),
-                settings.lease.renew_timeout,
-            ))
+                l.ttl,
+                l.renew_timeout,
+            )
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+            Some(Arc::new(lease))
         }
         _ => None,
     };
+    if let Some(lease) = &lease {
+        let _ = lease_cell.set(lease.clone());
+    }
+    let keeper = lease.map(|lease| Keeper::start(lease, store.clone(), l.renew_timeout));
 
     let relay = Relay {
         store: store.clone(),

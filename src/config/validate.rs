@@ -100,10 +100,28 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
         ));
     }
     match l.backend {
-        LeaseBackend::Redis | LeaseBackend::Redlock => {
+        LeaseBackend::Redis => match &l.redis_url {
+            None => {
+                return Err(ConfigError::new(
+                    "lease.redis_url",
+                    "is required with lease.backend = \"redis\" (redis://[user:pw@]host:6379 or rediss://)",
+                ));
+            }
+            Some(url)
+                if !(url.expose().starts_with("redis://")
+                    || url.expose().starts_with("rediss://")) =>
+            {
+                return Err(ConfigError::new(
+                    "lease.redis_url",
+                    "must start with redis:// or rediss:// (TLS)",
+                ));
+            }
+            Some(_) => {}
+        },
+        LeaseBackend::Redlock => {
             return Err(ConfigError::new(
                 "lease.backend",
-                "the redis and redlock backends are not available in this version; use \
+                "the redlock backend is not available in this version; use \"redis\", \
                  \"database\" (default) or \"none\"",
             ));
         }

@@ -118,4 +118,8 @@ impl Lease for DatabaseLease {
         let poll = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
         Box::pin(tokio::time::sleep(poll.min(max)))
     }
+
+    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {
+        self.store.ping()
+    }
 }

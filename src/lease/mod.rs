@@ -15,6 +15,7 @@
 //! - on shutdown the watchdog stops *before* the release is sent.
 
 mod database;
+mod redis;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use database::DatabaseLease;
+pub use redis::RedisLease;
 
 use crate::BoxFuture;
 use crate::store::{Fence, OutboxStore};
@@ -56,6 +58,8 @@ pub trait Lease: Send + Sync {
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>>;
     /// While standing by: returns when it is worth trying again, after `max` at the latest.
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()>;
+    /// A cheap round trip to the backend, for `/readyz`.
+    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
 }
 
 /// What the relay loop sees.

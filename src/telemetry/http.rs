@@ -9,9 +9,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use super::Health;
+use crate::lease::Lease;
 use crate::store::OutboxStore;
 
 /// Shared with the handlers.
@@ -20,7 +22,9 @@ struct AppState {
     prom: PrometheusHandle,
     health: Arc<Health>,
     /// Set once the database is connected; `/readyz` pings it.
-    store: Arc<tokio::sync::OnceCell<Arc<dyn OutboxStore>>>,
+    store: Arc<OnceCell<Arc<dyn OutboxStore>>>,
+    /// Set when a lease backend is in use; `/readyz` pings it too.
+    lease: Arc<OnceCell<Arc<dyn Lease>>>,
 }
 
 /// Serves until `stop`. Returns the bound address once listening.
@@ -28,7 +32,8 @@ pub async fn serve(
     listen: &str,
     prom: PrometheusHandle,
     health: Arc<Health>,
-    store: Arc<tokio::sync::OnceCell<Arc<dyn OutboxStore>>>,
+    store: Arc<OnceCell<Arc<dyn OutboxStore>>>,
+    lease: Arc<OnceCell<Arc<dyn Lease>>>,
     stop: CancellationToken,
 ) -> anyhow::Result<std::net::SocketAddr> {
     let listener = tokio::net::TcpListener::bind(listen)
@@ -55,6 +60,7 @@ pub async fn serve(
             prom,
             health,
             store,
+            lease,
         });
     tokio::spawn(async move {
         let result = axum::serve(listener, app)
@@ -84,6 +90,23 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, String) {
     match tokio::time::timeout(Duration::from_secs(2), store.ping()).await {
         Ok(Ok(())) => {
             s.health.set_database(true);
+            if let Some(lease) = s.lease.get() {
+                match tokio::time::timeout(Duration::from_secs(2), lease.ping()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        return (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!("lease backend unreachable: {e}\n"),
+                        );
+                    }
+                    Err(_) => {
+                        return (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "lease backend ping timed out\n".into(),
+                        );
+                    }
+                }
+            }
             (StatusCode::OK, "ready\n".into())
         }
         Ok(Err(e)) => {
