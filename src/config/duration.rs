@@ -26,6 +26,11 @@ pub fn parse(text: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_alphabetic())
             .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(unit_len);
+        if unit.is_empty() {
+            return Err(format!(
+                "\"{text}\" is not a duration; expected e.g. \"30s\" (units ms, s, m, h, d; no spaces)"
+            ));
+        }
         let value: f64 = num
             .parse()
             .map_err(|_| format!("\"{text}\" is not a duration; expected e.g. \"30s\""))?;
@@ -52,13 +57,13 @@ pub fn format(d: Duration) -> String {
     let ms = d.as_millis();
     if ms == 0 {
         "0s".into()
-    } else if ms % 86_400_000 == 0 {
+    } else if ms.is_multiple_of(86_400_000) {
         format!("{}d", ms / 86_400_000)
-    } else if ms % 3_600_000 == 0 {
+    } else if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")

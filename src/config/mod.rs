@@ -190,7 +190,29 @@ pub struct LeaseSettings {
     #[serde(deserialize_with = "duration::deserialize")]
     pub renew_timeout: Duration,
     pub redis_url: Option<Secret>,
+    /// A TOML array; in the environment (where every value is a string), comma-separated.
+    #[serde(deserialize_with = "secret_list")]
     pub redlock_urls: Vec<Secret>,
+}
+
+/// A list of secrets from a TOML array or from one comma-separated string: the environment
+/// source reads values as strings (`try_parsing(false)`), so its list splitting never applies.
+fn secret_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        List(Vec<Secret>),
+        Text(String),
+    }
+    Ok(match Form::deserialize(d)? {
+        Form::List(v) => v,
+        Form::Text(s) => s
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(Secret::new)
+            .collect(),
+    })
 }
 
 impl Default for LeaseSettings {
@@ -370,6 +392,9 @@ impl Settings {
 /// Turns the config crate's error (which says "for key `a.b`" inside its text) into ours.
 fn from_config_error(e: &config::ConfigError, file: Option<&Path>) -> ConfigError {
     let text = e.to_string();
+    if let Some(k) = unknown_field_key(&text) {
+        return k;
+    }
     if let Some(start) = text.find("for key `") {
         let rest = &text[start + 9..];
         if let Some(end) = rest.find('`') {
@@ -382,6 +407,25 @@ fn from_config_error(e: &config::ConfigError, file: Option<&Path>) -> ConfigErro
         .map(|f| f.display().to_string())
         .unwrap_or_else(|| "configuration".into());
     ConfigError::new(where_, text)
+}
+
+/// serde says "unknown field `x`, expected one of ... for key `relay`": report `relay.x`.
+pub(crate) fn unknown_field_key(text: &str) -> Option<ConfigError> {
+    let rest = text.strip_prefix("unknown field `")?;
+    let field = &rest[..rest.find('`')?];
+    let section = text
+        .rfind("for key `")
+        .map(|i| &text[i + 9..])
+        .and_then(|r| r.find('`').map(|j| &r[..j]));
+    let key = match section {
+        Some(s) if !s.is_empty() => format!("{s}.{field}"),
+        _ => field.to_string(),
+    };
+    let expected = text
+        .find(", expected")
+        .map(|i| text[i + 2..].split(" for key").next().unwrap_or(""))
+        .unwrap_or("");
+    Some(ConfigError::new(key, format!("unknown key; {expected}")))
 }
 
 #[cfg(test)]

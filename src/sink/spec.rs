@@ -187,6 +187,9 @@ struct NoKeys {}
 /// Prefixes a deserialization error of a sink table with the table's key.
 pub(crate) fn keyed(prefix: &str, e: &config::ConfigError) -> ConfigError {
     let text = e.to_string();
+    if let Some(k) = crate::config::unknown_field_key(&text) {
+        return ConfigError::new(format!("{prefix}.{}", k.key), k.problem);
+    }
     if let Some(start) = text.find("for key `") {
         let rest = &text[start + 9..];
         if let Some(end) = rest.find('`') {

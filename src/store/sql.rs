@@ -6,8 +6,9 @@
 //! Timestamps never cross the wire as values (the `Any` driver cannot decode them): every
 //! comparison uses the database clock, and ages come back as integer milliseconds.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
@@ -31,8 +32,9 @@ pub struct SqlStore {
     dialect: Dialect,
     /// The outbox table's name (validated as an identifier).
     table: String,
-    /// Whether the lease row for some name has been inserted (saves a statement per acquire).
-    lease_row_ready: AtomicBool,
+    /// The lease names whose row has been inserted (saves a statement per acquire). Per name:
+    /// one store may serve several leases, and each needs its own row.
+    lease_rows_ready: Mutex<HashSet<String>>,
     /// SQL statements built and sent by this store (BEGIN/COMMIT not counted): what the
     /// benchmark divides by delivered rows.
     statements: AtomicU64,
@@ -102,7 +104,7 @@ impl SqlStore {
             pool,
             dialect,
             table: table.to_string(),
-            lease_row_ready: AtomicBool::new(false),
+            lease_rows_ready: Mutex::new(HashSet::new()),
             statements: AtomicU64::new(0),
         })
     }
@@ -345,7 +347,7 @@ impl SqlStore {
     }
 
     async fn ensure_lease_row(&self, name: &str) -> anyhow::Result<()> {
-        if self.lease_row_ready.load(Ordering::Relaxed) {
+        if self.lease_rows_ready.lock().is_ok_and(|s| s.contains(name)) {
             return Ok(());
         }
         let sql = match self.dialect {
@@ -360,7 +362,9 @@ impl SqlStore {
             .bind(name.to_string())
             .execute(&self.pool)
             .await?;
-        self.lease_row_ready.store(true, Ordering::Relaxed);
+        if let Ok(mut set) = self.lease_rows_ready.lock() {
+            set.insert(name.to_string());
+        }
         Ok(())
     }
 }

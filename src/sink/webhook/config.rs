@@ -20,9 +20,10 @@ pub struct WebhookConfig {
     /// A file holding the secret (e.g. a mounted Kubernetes Secret); read at start.
     #[serde(default)]
     pub secret_file: Option<String>,
-    /// Extra headers sent with every request.
+    /// Extra headers sent with every request (values may be credentials, so they are
+    /// [`Secret`]s and never shown).
     #[serde(default)]
-    pub headers: BTreeMap<String, String>,
+    pub headers: BTreeMap<String, Secret>,
     /// Larger payloads are FAILED without being sent.
     #[serde(default = "default_max_body")]
     pub max_body_bytes: usize,
@@ -72,7 +73,7 @@ impl WebhookConfig {
         }
         for (name, value) in &cfg.headers {
             if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
-                || reqwest::header::HeaderValue::from_str(value).is_err()
+                || reqwest::header::HeaderValue::from_str(value.expose()).is_err()
             {
                 return Err(ConfigError::new(
                     format!("{prefix}.headers.{name}"),

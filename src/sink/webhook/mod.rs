@@ -52,7 +52,7 @@ impl WebhookSink {
         for (k, v) in &cfg.headers {
             headers.insert(
                 HeaderName::from_bytes(k.as_bytes())?,
-                HeaderValue::from_str(v)?,
+                HeaderValue::from_str(v.expose())?,
             );
         }
         Ok(WebhookSink {

@@ -1,0 +1,374 @@
+//! Configuration through the real binary: invalid settings are refused at start with exit code
+//! 2 and an error naming the key (G7), by `check-config` and by `run` alike; environment
+//! overrides apply; secrets never show; the built-in defaults pass with no file at all.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+
+/// What one run of the binary produced.
+struct Outcome {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+/// Runs the binary in `dir` (so no `config/relay.toml` of the checkout is picked up) with
+/// `args` and only the given `OUTBOX_RELAY*` variables; killed and failed after 20s.
+fn relay(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Outcome {
+    let mut cmd = Command::new(relay_bin());
+    cmd.args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("OUTBOX_RELAY") {
+            cmd.env_remove(k);
+        }
+    }
+    if args.contains(&"run") {
+        // Keep a `run` that wrongly starts off the default metrics port.
+        cmd.env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0");
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().expect("spawn the relay binary");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("outbox-relay {args:?} did not exit within 20s (it should refuse to start)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let read = |r: Option<&mut dyn std::io::Read>| {
+        let mut s = String::new();
+        if let Some(r) = r {
+            r.read_to_string(&mut s).expect("read output");
+        }
+        s
+    };
+    let stdout = read(child.stdout.as_mut().map(|r| r as &mut dyn std::io::Read));
+    let stderr = read(child.stderr.as_mut().map(|r| r as &mut dyn std::io::Read));
+    Outcome {
+        code: status.code().unwrap_or(-1),
+        stdout,
+        stderr,
+    }
+}
+
+/// A temporary working directory holding `relay.toml` with `toml`.
+fn config_dir(toml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("relay.toml"), toml).expect("write config");
+    dir
+}
+
+/// Both `check-config` and `run` refuse `toml` (+ `env`) with exit 2 and an error that
+/// mentions every one of `needles`. Returns the `check-config` stderr.
+fn refused(toml: &str, env: &[(&str, &str)], needles: &[&str]) -> String {
+    let dir = config_dir(toml);
+    let mut first = None;
+    for verb in ["check-config", "run"] {
+        let out = relay(dir.path(), &["--config", "relay.toml", verb], env);
+        assert_eq!(
+            out.code, 2,
+            "{verb} must exit 2 on {toml:?} {env:?}:\n{out:?}"
+        );
+        assert!(
+            !out.stdout.contains("configuration OK"),
+            "{verb} claimed success:\n{out:?}"
+        );
+        for n in needles {
+            assert!(
+                out.stderr.contains(n),
+                "{verb}: the error should mention {n:?}:\n{out:?}"
+            );
+        }
+        assert!(
+            out.stderr.contains("configuration error"),
+            "{verb}: not reported as a configuration error:\n{out:?}"
+        );
+        first.get_or_insert(out.stderr);
+    }
+    first.unwrap()
+}
+
+#[test]
+fn unknown_key_in_a_section_is_refused() {
+    refused("[relay]\nbatchsize = 5\n", &[], &["relay", "batchsize"]);
+    refused(
+        "[lease]\nttl = \"10s\"\nttll = \"5s\"\n",
+        &[],
+        &["lease", "ttll"],
+    );
+    refused("[relays]\nbatch_size = 5\n", &[], &["relays"]);
+    refused(
+        "[sinks.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\nurll = \"x\"\n",
+        &[],
+        &["sinks.hook", "urll"],
+    );
+}
+
+#[test]
+fn bad_duration_is_refused() {
+    refused(
+        "[relay]\npoll_interval = \"5 seconds\"\n",
+        &[],
+        &["relay.poll_interval", "5 seconds"],
+    );
+    refused(
+        "[relay]\nclaim_ttl = \"60\"\n",
+        &[],
+        &["relay.claim_ttl", "unit"],
+    );
+    refused("[lease]\nttl = 10\n", &[], &["lease.ttl"]);
+}
+
+#[test]
+fn claim_ttl_must_outlive_sink_timeouts_g7() {
+    // Default sink timeout 10s + 5s margin: 14s is refused.
+    let err = refused(
+        "[relay]\nclaim_ttl = \"14s\"\n",
+        &[],
+        &["relay.claim_ttl", "sinks.log.timeout"],
+    );
+    assert!(err.contains("15s"), "names the least safe value: {err}");
+    // A slow sink raises the floor.
+    refused(
+        "[relay]\nclaim_ttl = \"60s\"\n[sinks.slow]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\ntimeout = \"58s\"\n",
+        &[],
+        &["relay.claim_ttl", "sinks.slow.timeout", "63s"],
+    );
+    // Exactly timeout + margin is accepted.
+    let dir = config_dir("[relay]\nclaim_ttl = \"15s\"\n");
+    let out = relay(dir.path(), &["--config", "relay.toml", "check-config"], &[]);
+    assert_eq!(out.code, 0, "{out:?}");
+}
+
+#[test]
+fn lease_ttl_must_cover_three_renewals_g7() {
+    refused(
+        "[lease]\nttl = \"2s\"\nrenew_timeout = \"1s\"\n",
+        &[],
+        &["lease.ttl", "lease.renew_timeout"],
+    );
+    // Through the environment too.
+    refused(
+        "",
+        &[("OUTBOX_RELAY__LEASE__RENEW_TIMEOUT", "4s")],
+        &["lease.ttl", "lease.renew_timeout"],
+    );
+    let dir = config_dir("[lease]\nttl = \"3s\"\nrenew_timeout = \"1s\"\n");
+    let out = relay(dir.path(), &["--config", "relay.toml", "check-config"], &[]);
+    assert_eq!(out.code, 0, "exactly 3x is enough: {out:?}");
+}
+
+#[test]
+fn unknown_sink_kind_is_refused() {
+    refused(
+        "[sinks.pigeon]\nkind = \"carrier-pigeon\"\n",
+        &[],
+        &["sinks.pigeon.kind", "carrier-pigeon"],
+    );
+    refused(
+        "[sinks.nokind]\ntimeout = \"1s\"\n",
+        &[],
+        &["sinks.nokind", "kind"],
+    );
+}
+
+#[test]
+fn webhook_without_url_is_refused() {
+    refused(
+        "[sinks.hook]\nkind = \"webhook\"\n",
+        &[],
+        &["sinks.hook", "url"],
+    );
+    refused(
+        "[sinks.hook]\nkind = \"webhook\"\nurl = \"ftp://example.com/\"\n",
+        &[],
+        &["sinks.hook.url"],
+    );
+}
+
+#[test]
+fn bad_env_override_is_refused() {
+    refused(
+        "",
+        &[("OUTBOX_RELAY__RELAY__BATCH_SIZE", "abc")],
+        &["relay.batch_size"],
+    );
+    refused(
+        "",
+        &[("OUTBOX_RELAY__RELAY__POLL_INTERVAL", "soon")],
+        &["relay.poll_interval"],
+    );
+    refused(
+        "",
+        &[("OUTBOX_RELAY__DATABASE__URL", "oracle://db/x")],
+        &["database.url"],
+    );
+}
+
+#[test]
+fn env_overrides_file_and_defaults() {
+    let dir = config_dir("[relay]\nbatch_size = 50\n");
+    let out = relay(
+        dir.path(),
+        &["--config", "relay.toml", "check-config"],
+        &[
+            ("OUTBOX_RELAY__RELAY__BATCH_SIZE", "7"),
+            ("OUTBOX_RELAY__LEASE__NAME", "from-env"),
+            ("OUTBOX_RELAY__DATABASE__TABLE", "events_outbox"),
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("batch_size=7"), "{out:?}");
+    assert!(out.stdout.contains("name=from-env"), "{out:?}");
+    assert!(out.stdout.contains("table=events_outbox"), "{out:?}");
+    // Without the override the file's value shows.
+    let out = relay(dir.path(), &["--config", "relay.toml", "check-config"], &[]);
+    assert!(out.stdout.contains("batch_size=50"), "{out:?}");
+}
+
+#[test]
+fn secrets_never_show() {
+    const SECRET: &str = "whsec_c2VjcmV0LXZhbHVlLTEyMzQ1Njc4OTA=";
+    const PASSWORD: &str = "pw-Zq81xx";
+    let hook = format!(
+        "[sinks.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\nsecret = \"{SECRET}\"\n"
+    );
+    let db_url = format!("postgres://app:{PASSWORD}@127.0.0.1:1/app");
+    let env = [("OUTBOX_RELAY__DATABASE__URL", db_url.as_str())];
+    let no_leak = |out: &Outcome| {
+        for s in [SECRET, "c2VjcmV0LXZhbHVl", PASSWORD] {
+            assert!(
+                !out.stdout.contains(s) && !out.stderr.contains(s),
+                "a secret leaked:\n{out:?}"
+            );
+        }
+    };
+
+    // check-config shows the effective settings, masked.
+    let dir = config_dir(&hook);
+    let out = relay(
+        dir.path(),
+        &["--config", "relay.toml", "check-config"],
+        &env,
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("sink hook: kind=webhook"), "{out:?}");
+    assert!(out.stdout.contains("app:***@127.0.0.1"), "{out:?}");
+    no_leak(&out);
+
+    // The secret from a file, and from the environment.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("secret"), format!("{SECRET}\n")).unwrap();
+    std::fs::write(
+        dir.path().join("relay.toml"),
+        "[sinks.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\nsecret_file = \"secret\"\n",
+    )
+    .unwrap();
+    let out = relay(
+        dir.path(),
+        &["--config", "relay.toml", "check-config"],
+        &env,
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    no_leak(&out);
+    let dir = config_dir("[sinks.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\n");
+    let out = relay(
+        dir.path(),
+        &["--config", "relay.toml", "check-config"],
+        &[
+            ("OUTBOX_RELAY__SINKS__HOOK__SECRET", SECRET),
+            ("OUTBOX_RELAY__DATABASE__URL", db_url.as_str()),
+        ],
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    no_leak(&out);
+
+    // Errors elsewhere in a config holding secrets do not print them either.
+    for (toml, key) in [
+        (format!("{hook}timeout = \"90s\"\n"), "relay.claim_ttl"),
+        (format!("{hook}urll = \"x\"\n"), "urll"),
+        (
+            format!("{hook}secret_file = \"/nonexistent\"\n"),
+            "sinks.hook.secret_file",
+        ),
+        (
+            hook.replace("http://127.0.0.1:1/", "not a url"),
+            "sinks.hook.url",
+        ),
+        (
+            format!("[lease]\nttl = \"1s\"\nrenew_timeout = \"1s\"\n{hook}"),
+            "lease.ttl",
+        ),
+    ] {
+        let dir = config_dir(&toml);
+        for verb in ["check-config", "run"] {
+            let out = relay(dir.path(), &["--config", "relay.toml", verb], &env);
+            assert_eq!(out.code, 2, "{out:?}");
+            assert!(out.stderr.contains(key), "{out:?}");
+            no_leak(&out);
+        }
+    }
+    // An invalid secret is refused without being echoed.
+    let bad = "whsec_!!not-base64-Zq81!!";
+    let dir = config_dir(&hook.replace(SECRET, bad));
+    let out = relay(dir.path(), &["--config", "relay.toml", "check-config"], &[]);
+    assert_eq!(out.code, 2, "{out:?}");
+    assert!(out.stderr.contains("sinks.hook.secret"), "{out:?}");
+    assert!(!out.stderr.contains("not-base64-Zq81"), "{out:?}");
+}
+
+#[test]
+fn builtin_defaults_pass_with_no_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = relay(dir.path(), &["check-config"], &[]);
+    assert_eq!(out.code, 0, "{out:?}");
+    for expected in [
+        "built-in defaults",
+        "mode=Leader",
+        "url=sqlite://outbox-relay.db",
+        "table=outbox",
+        "backend=Database",
+        "sink log: kind=log",
+    ] {
+        assert!(
+            out.stdout.contains(expected),
+            "missing {expected:?}:\n{out:?}"
+        );
+    }
+}
+
+#[test]
+fn missing_config_file_is_a_usage_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for verb in ["check-config", "run"] {
+        let out = relay(dir.path(), &["--config", "nope.toml", verb], &[]);
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(out.stderr.contains("nope.toml"), "{out:?}");
+    }
+}

@@ -1,0 +1,397 @@
+//! The `database` lease against real PostgreSQL, MariaDB and SQLite: the store's lease
+//! primitives on the database clock, and the [`Keeper`] watchdog driving a [`DatabaseLease`]
+//! (one holder at a time, quick hand-off on release, renewals keep it, a lost lease stops).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_relay::lease::{DatabaseLease, Keeper, Lease, LeaseState};
+use outbox_relay::store::{OutboxStore, SqlStore};
+use support::*;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+const CALL: Duration = Duration::from_secs(30);
+
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = anyhow::Result<T>>) -> T {
+    match tokio::time::timeout(CALL, f).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => panic!("{what} failed: {e:#}"),
+        Err(_) => panic!("{what} did not finish within {CALL:?}"),
+    }
+}
+
+/// The lease row's holder and epoch, read directly.
+async fn lease_row(td: &TestDb, name: &str) -> (Option<String>, i64) {
+    use sqlx::Row;
+    let sql = td
+        .store
+        .dialect()
+        .finalize("SELECT holder, epoch FROM outbox_relay_lease WHERE name = ?");
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(name.to_string())
+        .fetch_one(td.store.pool())
+        .await
+        .expect("lease row");
+    (
+        row.try_get(0).expect("holder"),
+        row.try_get(1).expect("epoch"),
+    )
+}
+
+/// A second store on the same database and table: another relay instance.
+async fn second_store(td: &TestDb) -> Arc<dyn OutboxStore> {
+    Arc::new(
+        SqlStore::connect(&td.url, &td.table, 4, Duration::from_secs(5))
+            .await
+            .expect("second store"),
+    )
+}
+
+per_db!(database_lease_primitives);
+async fn database_lease_primitives(db: Db) {
+    let Some(td) = TestDb::open(db, "ls_prim").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let name = td.table.clone();
+    let ttl = Duration::from_millis(600);
+
+    let e = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
+        .await
+        .expect("a free lease is acquired");
+    assert_eq!(lease_row(&td, &name).await, (Some("A".into()), e));
+    assert_eq!(
+        bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
+        None,
+        "B must not take a live lease"
+    );
+    assert_eq!(
+        bounded("acquire A again", store.lease_acquire(&name, "A", ttl)).await,
+        None,
+        "a live lease is not re-acquired, even by its holder"
+    );
+    assert!(bounded("renew A", store.lease_renew(&name, "A", e, ttl)).await);
+    assert!(
+        !bounded(
+            "renew wrong epoch",
+            store.lease_renew(&name, "A", e + 1, ttl)
+        )
+        .await,
+        "a renewal at another epoch is refused"
+    );
+    assert!(
+        !bounded("renew by B", store.lease_renew(&name, "B", e, ttl)).await,
+        "a renewal by a non-holder is refused"
+    );
+
+    // Renewals keep it past several ttls.
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        tokio::time::sleep(ttl / 4).await;
+        assert!(bounded("renew A", store.lease_renew(&name, "A", e, ttl)).await);
+        assert_eq!(
+            bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
+            None,
+            "B took a lease that was being renewed"
+        );
+    }
+
+    // A stops renewing: after its ttl, B acquires with the next epoch.
+    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    let e2 = bounded(
+        "acquire B",
+        store.lease_acquire(&name, "B", Duration::from_secs(30)),
+    )
+    .await
+    .expect("an expired lease is acquired");
+    assert_eq!(e2, e + 1, "every acquisition bumps the epoch");
+    // A's renewal is refused and re-creates nothing; its release takes nothing from B.
+    assert!(!bounded("late renew A", store.lease_renew(&name, "A", e, ttl)).await);
+    bounded("stale release A", store.lease_release(&name, "A", e)).await;
+    assert_eq!(lease_row(&td, &name).await, (Some("B".into()), e2));
+    assert_eq!(
+        bounded("acquire A", store.lease_acquire(&name, "A", ttl)).await,
+        None
+    );
+
+    // B releases: A acquires at once, long before B's 30s ttl.
+    bounded("release B", store.lease_release(&name, "B", e2)).await;
+    assert_eq!(lease_row(&td, &name).await, (None, e2));
+    let e3 = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
+        .await
+        .expect("a released lease is free at once");
+    assert_eq!(e3, e2 + 1);
+    assert!(!bounded("renew B", store.lease_renew(&name, "B", e2, ttl)).await);
+
+    // advance_epoch (leases held elsewhere) records the holder and fences everyone before.
+    let e4 = bounded("advance_epoch", store.advance_epoch(&name, "C")).await;
+    assert_eq!(e4, e3 + 1);
+    assert!(!bounded("renew A", store.lease_renew(&name, "A", e3, ttl)).await);
+    assert_eq!(lease_row(&td, &name).await, (Some("C".into()), e4));
+    td.drop_table().await;
+}
+
+per_db!(lease_names_are_independent);
+async fn lease_names_are_independent(db: Db) {
+    let Some(td) = TestDb::open(db, "ls_names").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let (one, two) = (format!("{}_one", td.table), format!("{}_two", td.table));
+    let ttl = Duration::from_secs(30);
+    let e1 = bounded("acquire one", store.lease_acquire(&one, "A", ttl)).await;
+    assert_eq!(e1, Some(1));
+    // The same store, another lease name: its row must be created too.
+    let e2 = bounded("acquire two", store.lease_acquire(&two, "B", ttl)).await;
+    assert_eq!(
+        e2,
+        Some(1),
+        "a second lease name on the same store is acquirable"
+    );
+    let e3 = bounded(
+        "advance third",
+        store.advance_epoch(&format!("{}_three", td.table), "C"),
+    )
+    .await;
+    assert_eq!(e3, 1);
+    assert_eq!(lease_row(&td, &one).await, (Some("A".into()), 1));
+    assert_eq!(lease_row(&td, &two).await, (Some("B".into()), 1));
+    td.drop_table().await;
+}
+
+/// A timestamp expression `secs` seconds from the database's now (negative: in the past).
+fn db_time(db: Db, secs: i64) -> String {
+    match db {
+        Db::Postgres => format!("(now() + make_interval(secs => {secs}))"),
+        Db::MySql => format!("DATE_ADD(NOW(6), INTERVAL {secs} SECOND)"),
+        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','{secs} seconds')"),
+    }
+}
+
+fn held_fence(rx: &watch::Receiver<LeaseState>, name: &str) -> Option<i64> {
+    rx.borrow().fence(name).map(|f| f.epoch)
+}
+
+/// Waits until exactly one of `rxs` holds the lease; returns its index and epoch.
+async fn wait_for_holder(
+    rxs: &[&watch::Receiver<LeaseState>],
+    name: &str,
+    within: Duration,
+) -> (usize, i64) {
+    let until = Instant::now() + within;
+    loop {
+        let held: Vec<(usize, i64)> = rxs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, rx)| held_fence(rx, name).map(|e| (i, e)))
+            .collect();
+        assert!(
+            held.len() <= 1,
+            "two keepers hold the lease at once: {held:?}"
+        );
+        if let Some(&h) = held.first() {
+            return h;
+        }
+        assert!(
+            Instant::now() < until,
+            "no keeper acquired the lease within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+per_db!(keepers_hand_off_on_release);
+async fn keepers_hand_off_on_release(db: Db) {
+    let Some(td) = TestDb::open(db, "ls_keep").await else {
+        return;
+    };
+    let name = td.table.clone();
+    let ttl = Duration::from_secs(3);
+    let renew_timeout = Duration::from_millis(500);
+    let stores = [td.dyn_store(), second_store(&td).await];
+    let mut keepers: Vec<Option<Keeper>> = stores
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let lease = DatabaseLease::new(s.clone(), &name, &format!("inst{i}"), ttl);
+            Some(Keeper::start(Arc::new(lease), s.clone(), renew_timeout))
+        })
+        .collect();
+    let rxs: Vec<_> = keepers
+        .iter()
+        .map(|k| k.as_ref().unwrap().state())
+        .collect();
+
+    let (first, epoch) = wait_for_holder(&[&rxs[0], &rxs[1]], &name, Duration::from_secs(10)).await;
+    let other = 1 - first;
+    // For a while (past one ttl, so renewals happen), exactly one holds it.
+    let until = Instant::now() + ttl + Duration::from_millis(500);
+    while Instant::now() < until {
+        assert_eq!(
+            held_fence(&rxs[first], &name),
+            Some(epoch),
+            "the holder kept it"
+        );
+        assert_eq!(
+            held_fence(&rxs[other], &name),
+            None,
+            "the standby took it too"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (holder, row_epoch) = lease_row(&td, &name).await;
+    assert_eq!(row_epoch, epoch);
+    assert!(holder.unwrap().starts_with(&format!("inst{first}#")));
+
+    // Stop the holder: it releases, and the standby takes over well before the ttl.
+    let released = Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        keepers[first].take().unwrap().release(),
+    )
+    .await
+    .expect("release finished");
+    assert_eq!(*rxs[first].borrow(), LeaseState::Standby);
+    let (next, epoch2) = wait_for_holder(&[&rxs[0], &rxs[1]], &name, ttl * 2).await;
+    let handoff = released.elapsed();
+    eprintln!("{db:?}: lease hand-off after release took {handoff:?} (ttl {ttl:?})");
+    assert_eq!(next, other);
+    assert_eq!(epoch2, epoch + 1, "the new holder fences the old one");
+    assert!(
+        handoff < ttl / 2,
+        "hand-off took {handoff:?}: the release did not free the lease"
+    );
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        keepers[other].take().unwrap().release(),
+    )
+    .await
+    .expect("release finished");
+    assert_eq!(lease_row(&td, &name).await.0, None, "released on stop");
+    td.drop_table().await;
+}
+
+per_db!(watchdog_keeps_the_lease_past_its_ttl);
+async fn watchdog_keeps_the_lease_past_its_ttl(db: Db) {
+    let Some(td) = TestDb::open(db, "ls_watch").await else {
+        return;
+    };
+    let name = td.table.clone();
+    let ttl = Duration::from_millis(600);
+    let renew_timeout = Duration::from_millis(100);
+    let store = td.dyn_store();
+    let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "keeper", ttl));
+    let keeper = Keeper::start(lease, store.clone(), renew_timeout);
+    let rx = keeper.state();
+    let (_, epoch) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+    // A rival instance tries all the time and never gets it.
+    let rival = second_store(&td).await;
+
+    let held_since = Instant::now();
+    let mut last_deadline = None;
+    let mut deadlines = 0;
+    while held_since.elapsed() < Duration::from_secs(2) {
+        let state = *rx.borrow();
+        match state {
+            LeaseState::Held { epoch: e, deadline } => {
+                assert_eq!(e, epoch, "the epoch changed while held");
+                assert!(
+                    Instant::now() < deadline,
+                    "the deadline passed after {:?} held: renewals are not keeping it",
+                    held_since.elapsed()
+                );
+                if last_deadline != Some(deadline) {
+                    deadlines += 1;
+                    last_deadline = Some(deadline);
+                }
+            }
+            LeaseState::Standby => panic!(
+                "lost the lease after {:?} (ttl {ttl:?})",
+                held_since.elapsed()
+            ),
+        }
+        assert_eq!(
+            bounded("rival acquire", rival.lease_acquire(&name, "rival", ttl)).await,
+            None,
+            "a rival took a lease that was being renewed"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // Renewed every ttl/3 = 200ms: about ten deadlines in two seconds.
+    assert!(
+        deadlines >= 5,
+        "only {deadlines} distinct deadlines in 2s: the watchdog is not renewing"
+    );
+    assert_eq!(lease_row(&td, &name).await.1, epoch);
+    tokio::time::timeout(Duration::from_secs(10), keeper.release())
+        .await
+        .expect("release finished");
+    td.drop_table().await;
+}
+
+per_db!(a_keeper_that_loses_its_lease_stops);
+async fn a_keeper_that_loses_its_lease_stops(db: Db) {
+    let Some(td) = TestDb::open(db, "ls_lost").await else {
+        return;
+    };
+    let name = td.table.clone();
+    let ttl = Duration::from_millis(600);
+    let store = td.dyn_store();
+    let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "victim", ttl));
+    let keeper = Keeper::start(lease.clone(), store.clone(), Duration::from_millis(100));
+    let rx = keeper.state();
+    let (_, epoch) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+
+    // Someone else takes the row over (an operator, a split brain) for 5s: the next renewal
+    // is rejected and the keeper stops at once, well within one ttl.
+    td.exec(&format!(
+        "UPDATE outbox_relay_lease SET holder = 'thief', epoch = epoch + 1, lease_until = {}
+         WHERE name = '{name}'",
+        db_time(db, 5)
+    ))
+    .await;
+    let thief_epoch = epoch + 1;
+    let stolen = Instant::now();
+    let until = stolen + ttl * 2;
+    while held_fence(&rx, &name).is_some() {
+        assert!(
+            Instant::now() < until,
+            "G4: still believes it holds the lease {:?} after losing it",
+            stolen.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("{db:?}: loss noticed after {:?}", stolen.elapsed());
+    assert!(
+        stolen.elapsed() <= ttl,
+        "noticed only after {:?}",
+        stolen.elapsed()
+    );
+    // It stays off while the thief's lease is live, and re-creates nothing.
+    assert!(!bounded("renew", lease.renew()).await);
+    let quiet = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < quiet {
+        assert_eq!(*rx.borrow(), LeaseState::Standby, "took a live lease");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        lease_row(&td, &name).await,
+        (Some("thief".into()), thief_epoch)
+    );
+
+    // The thief dies (its lease expires): the keeper re-acquires, afresh, at a new epoch.
+    td.exec(&format!(
+        "UPDATE outbox_relay_lease SET lease_until = {} WHERE name = '{name}'",
+        db_time(db, -1)
+    ))
+    .await;
+    let (_, epoch2) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+    assert_eq!(epoch2, thief_epoch + 1);
+    tokio::time::timeout(Duration::from_secs(10), keeper.release())
+        .await
+        .expect("release finished");
+    td.drop_table().await;
+}

@@ -1,0 +1,899 @@
+//! The SQL store against real PostgreSQL, MariaDB and SQLite: migrations, claims (G1, G2),
+//! fencing by the lease epoch (G2), result writes guarded by the claim token (G2), ordering
+//! keys, concurrent claimers, and the `status` / `failed` views.
+
+mod support;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_relay::store::{
+    ClaimRequest, ClaimedRow, Completion, Fence, MAX_ERROR_LEN, NewRow, OutboxStore, Resolution,
+    SqlStore,
+};
+use sqlx::Row;
+use support::*;
+
+/// Upper bound for any single store call in these tests: nothing may hang.
+const CALL: Duration = Duration::from_secs(30);
+
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = anyhow::Result<T>>) -> T {
+    match tokio::time::timeout(CALL, f).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => panic!("{what} failed: {e:#}"),
+        Err(_) => panic!("{what} did not finish within {CALL:?}"),
+    }
+}
+
+fn token() -> Arc<str> {
+    outbox_relay::random_token().into()
+}
+
+fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> ClaimRequest {
+    ClaimRequest {
+        limit,
+        ttl,
+        claimer: claimer.to_string(),
+        token: token(),
+        fence,
+    }
+}
+
+/// Claims with a fresh token; returns the request (for its token) and the rows.
+async fn claim(
+    store: &dyn OutboxStore,
+    limit: u32,
+    ttl: Duration,
+    claimer: &str,
+    fence: Option<Fence>,
+) -> (ClaimRequest, Vec<ClaimedRow>) {
+    let req = request(limit, ttl, claimer, fence);
+    let rows = bounded("claim", store.claim(&req)).await;
+    (req, rows)
+}
+
+fn ids(rows: &[ClaimedRow]) -> Vec<i64> {
+    rows.iter().map(|r| r.delivery.id).collect()
+}
+
+async fn enqueue(td: &TestDb, channel: &str, key: Option<&str>) -> i64 {
+    let row = NewRow {
+        channel: channel.to_string(),
+        recipient: Some("r".into()),
+        payload: r#"{"n":1}"#.into(),
+        ordering_key: key.map(str::to_string),
+    };
+    bounded("enqueue", td.store.enqueue(&row)).await
+}
+
+/// Inserts `n` rows of `channel` with one statement (all three databases take multi-row VALUES).
+async fn bulk_insert(td: &TestDb, channel: &str, n: usize) {
+    for chunk in 0..n.div_ceil(500) {
+        let count = (n - chunk * 500).min(500);
+        let values = vec![format!("('{channel}', '{{}}')"); count].join(", ");
+        td.exec(&format!(
+            "INSERT INTO {{t}} (channel, payload) VALUES {values}"
+        ))
+        .await;
+    }
+}
+
+/// True when row `id` meets the SQL condition `cond`.
+async fn row_is(td: &TestDb, id: i64, cond: &str) -> bool {
+    td.scalar(&format!(
+        "SELECT COUNT(*) FROM {{t}} WHERE id = {id} AND ({cond})"
+    ))
+    .await
+        == 1
+}
+
+async fn attempts(td: &TestDb, id: i64) -> i64 {
+    td.scalar(&format!("SELECT attempts FROM {{t}} WHERE id = {id}"))
+        .await
+}
+
+async fn text_column(td: &TestDb, id: i64, col: &str) -> Option<String> {
+    let sql = format!("SELECT {col} FROM {} WHERE id = {id}", td.table);
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_one(td.store.pool())
+        .await
+        .expect("select text column");
+    row.try_get::<Option<String>, _>(0).expect("text")
+}
+
+/// A timestamp expression `secs` seconds from the database's now (negative: in the past).
+fn db_time(db: Db, secs: i64) -> String {
+    match db {
+        Db::Postgres => format!("(now() + make_interval(secs => {secs}))"),
+        Db::MySql => format!("DATE_ADD(NOW(6), INTERVAL {secs} SECOND)"),
+        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','{secs} seconds')"),
+    }
+}
+
+fn now_sql(td: &TestDb) -> &'static str {
+    td.store.dialect().now()
+}
+
+fn completion(req: &ClaimRequest, id: i64, resolution: Resolution) -> Completion {
+    Completion {
+        id,
+        token: req.token.clone(),
+        resolution,
+    }
+}
+
+async fn complete(store: &dyn OutboxStore, done: &[Completion]) -> u64 {
+    bounded("complete", store.complete(done)).await
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+
+per_db!(migrate_is_idempotent);
+async fn migrate_is_idempotent(db: Db) {
+    let Some(td) = TestDb::open(db, "st_migrate").await else {
+        return;
+    };
+    let id = enqueue(&td, "log", None).await;
+    bounded("migrate again", td.store.migrate()).await;
+    bounded("migrate a third time", td.store.migrate()).await;
+    // A second instance starting on the same table migrates too.
+    let other = SqlStore::connect(&td.url, &td.table, 2, Duration::from_secs(5))
+        .await
+        .expect("second store");
+    bounded("migrate from a second store", other.migrate()).await;
+    assert_eq!(td.scalar("SELECT COUNT(*) FROM {t}").await, 1);
+    assert!(row_is(&td, id, "status = 'PENDING'").await);
+    assert_eq!(
+        td.scalar(&format!(
+            "SELECT COUNT(*) FROM outbox_relay_schema WHERE target = '{}'",
+            td.table
+        ))
+        .await,
+        1,
+        "one schema-version row per table"
+    );
+    // The table still works after re-migration.
+    let id2 = bounded(
+        "enqueue",
+        other.enqueue(&NewRow {
+            channel: "log".into(),
+            payload: "{}".into(),
+            ..NewRow::default()
+        }),
+    )
+    .await;
+    assert!(id2 > id);
+    td.drop_table().await;
+}
+
+per_db!(claim_takes_due_rows_in_id_order);
+async fn claim_takes_due_rows_in_id_order(db: Db) {
+    let Some(td) = TestDb::open(db, "st_claim").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let mut all = Vec::new();
+    for _ in 0..7 {
+        all.push(enqueue(&td, "log", None).await);
+    }
+    // The last two rows are not due yet.
+    let future = db_time(db, 3600);
+    td.exec(&format!(
+        "UPDATE {{t}} SET next_attempt_at = {future} WHERE id IN ({}, {})",
+        all[5], all[6]
+    ))
+    .await;
+
+    let (first_req, first) = claim(&*store, 3, LONG, "a", None).await;
+    assert_eq!(
+        ids(&first),
+        all[..3].to_vec(),
+        "the lowest ids, in id order"
+    );
+    let d = &first[0].delivery;
+    assert_eq!(d.channel, "log");
+    assert_eq!(d.recipient.as_deref(), Some("r"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&d.payload).unwrap(),
+        serde_json::json!({"n": 1})
+    );
+    assert_eq!(d.attempts, 0);
+    assert!(
+        row_is(
+            &td,
+            all[0],
+            "claimed_by = 'a' AND claimed_until IS NOT NULL"
+        )
+        .await
+    );
+    assert!(row_is(&td, all[0], &format!("claim_token = '{}'", first_req.token)).await);
+
+    // A second claim while the first is live gets the other due rows, never the same one (G2).
+    let (_, second) = claim(&*store, 10, LONG, "b", None).await;
+    assert_eq!(ids(&second), all[3..5].to_vec());
+    let (_, third) = claim(&*store, 10, LONG, "c", None).await;
+    assert!(
+        third.is_empty(),
+        "rows under live claims or not yet due must not be claimed: {:?}",
+        ids(&third)
+    );
+
+    // Once due, the future rows are claimable.
+    td.exec(&format!(
+        "UPDATE {{t}} SET next_attempt_at = {} WHERE id IN ({}, {})",
+        db_time(db, -1),
+        all[5],
+        all[6]
+    ))
+    .await;
+    let (_, fourth) = claim(&*store, 10, LONG, "c", None).await;
+    assert_eq!(ids(&fourth), all[5..].to_vec());
+    td.drop_table().await;
+}
+
+per_db!(expired_claim_is_taken_over_and_old_token_writes_nothing);
+async fn expired_claim_is_taken_over_and_old_token_writes_nothing(db: Db) {
+    let Some(td) = TestDb::open(db, "st_expire").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let id = enqueue(&td, "log", None).await;
+    let (a_req, a_rows) = claim(&*store, 10, Duration::from_millis(300), "a", None).await;
+    assert_eq!(ids(&a_rows), vec![id]);
+    let (_, none) = claim(&*store, 10, LONG, "b", None).await;
+    assert!(none.is_empty(), "the claim is still live");
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // G1: the dead claimer's row is claimable again.
+    let (b_req, b_rows) = claim(&*store, 10, LONG, "b", None).await;
+    assert_eq!(
+        ids(&b_rows),
+        vec![id],
+        "an expired claim must be claimable again"
+    );
+    assert!(row_is(&td, id, "claimed_by = 'b'").await);
+
+    // G2: the first claimer's late result changes nothing, whatever it says.
+    for res in [
+        Resolution::Delivered,
+        Resolution::Failed {
+            error: "late".into(),
+        },
+        Resolution::Retry {
+            delay: Duration::from_secs(1),
+            error: "late".into(),
+        },
+        Resolution::Release {
+            delay: Duration::ZERO,
+            error: None,
+        },
+    ] {
+        assert_eq!(
+            complete(&*store, &[completion(&a_req, id, res.clone())]).await,
+            0,
+            "a stale token's {res:?} must change no row"
+        );
+    }
+    assert!(
+        row_is(
+            &td,
+            id,
+            "status = 'PENDING' AND attempts = 0 AND claimed_by = 'b'"
+        )
+        .await
+    );
+    assert_eq!(
+        complete(&*store, &[completion(&b_req, id, Resolution::Delivered)]).await,
+        1
+    );
+    assert!(row_is(&td, id, "status = 'SUCCESS' AND attempts = 1").await);
+    // Completed rows leave their claim: the same result again changes nothing.
+    assert_eq!(
+        complete(&*store, &[completion(&b_req, id, Resolution::Delivered)]).await,
+        0
+    );
+    assert_eq!(attempts(&td, id).await, 1);
+    td.drop_table().await;
+}
+
+per_db!(fencing_refuses_a_stale_epoch);
+async fn fencing_refuses_a_stale_epoch(db: Db) {
+    let Some(td) = TestDb::open(db, "st_fence").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let lease = td.table.clone();
+    for _ in 0..6 {
+        enqueue(&td, "log", None).await;
+    }
+    let fence = |epoch| {
+        Some(Fence {
+            lease: lease.clone(),
+            epoch,
+        })
+    };
+
+    // No lease row at all: nothing may be claimed under a fence.
+    let (_, rows) = claim(&*store, 2, LONG, "a", fence(1)).await;
+    assert!(rows.is_empty(), "claimed under a lease that does not exist");
+
+    let e = bounded(
+        "lease_acquire",
+        store.lease_acquire(&lease, "a", Duration::from_secs(30)),
+    )
+    .await
+    .expect("free lease is acquired");
+    let (_, rows) = claim(&*store, 2, LONG, "a", fence(e)).await;
+    assert_eq!(rows.len(), 2, "the holder's epoch matches");
+    let (_, rows) = claim(&*store, 2, LONG, "a", fence(e + 1)).await;
+    assert!(rows.is_empty(), "a future epoch is not the stored one");
+
+    // Another holder takes over (e.g. a Redis lease moved): A's epoch is stale.
+    let e2 = bounded("advance_epoch", store.advance_epoch(&lease, "b")).await;
+    assert_eq!(e2, e + 1);
+    let (_, rows) = claim(&*store, 2, LONG, "a", fence(e)).await;
+    assert!(
+        rows.is_empty(),
+        "G2: a stale epoch claimed rows {:?}",
+        ids(&rows)
+    );
+    let (_, rows) = claim(&*store, 10, LONG, "b", fence(e2)).await;
+    assert_eq!(rows.len(), 4, "the new holder claims the rest");
+    assert_eq!(
+        td.scalar("SELECT COUNT(*) FROM {t} WHERE claimed_by = 'a'")
+            .await,
+        2
+    );
+    td.drop_table().await;
+}
+
+per_db!(complete_writes_each_resolution);
+async fn complete_writes_each_resolution(db: Db) {
+    let Some(td) = TestDb::open(db, "st_complete").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let mut row = Vec::new();
+    for _ in 0..4 {
+        row.push(enqueue(&td, "log", None).await);
+    }
+    let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
+    assert_eq!(ids(&rows), row);
+    let done = [
+        completion(&req, row[0], Resolution::Delivered),
+        completion(
+            &req,
+            row[1],
+            Resolution::Retry {
+                delay: Duration::from_millis(900),
+                error: "503 from receiver".into(),
+            },
+        ),
+        completion(
+            &req,
+            row[2],
+            Resolution::Failed {
+                error: "400: bad payload".into(),
+            },
+        ),
+        completion(
+            &req,
+            row[3],
+            Resolution::Release {
+                delay: Duration::from_millis(900),
+                error: Some("throttled".into()),
+            },
+        ),
+    ];
+    assert_eq!(complete(&*store, &done).await, 4);
+    let now = now_sql(&td);
+    let unclaimed = "claimed_by IS NULL AND claim_token IS NULL AND claimed_until IS NULL";
+
+    assert!(
+        row_is(
+            &td,
+            row[0],
+            &format!(
+                "status = 'SUCCESS' AND sent_at IS NOT NULL AND last_error IS NULL AND {unclaimed}"
+            )
+        )
+        .await
+    );
+    assert_eq!(attempts(&td, row[0]).await, 1);
+
+    assert!(
+        row_is(
+            &td,
+            row[1],
+            &format!(
+                "status = 'RETRY' AND next_attempt_at > {now} AND sent_at IS NULL AND {unclaimed}"
+            )
+        )
+        .await
+    );
+    assert_eq!(attempts(&td, row[1]).await, 1);
+    assert_eq!(
+        text_column(&td, row[1], "last_error").await.as_deref(),
+        Some("503 from receiver")
+    );
+
+    assert!(row_is(&td, row[2], &format!("status = 'FAILED' AND {unclaimed}")).await);
+    assert_eq!(attempts(&td, row[2]).await, 1);
+    assert_eq!(
+        text_column(&td, row[2], "last_error").await.as_deref(),
+        Some("400: bad payload")
+    );
+
+    assert!(
+        row_is(
+            &td,
+            row[3],
+            &format!("status = 'PENDING' AND next_attempt_at > {now} AND {unclaimed}")
+        )
+        .await
+    );
+    assert_eq!(
+        attempts(&td, row[3]).await,
+        0,
+        "a release is not an attempt"
+    );
+    assert_eq!(
+        text_column(&td, row[3], "last_error").await.as_deref(),
+        Some("throttled")
+    );
+
+    // Neither the RETRY row nor the released one is claimable before its delay...
+    let (_, early) = claim(&*store, 10, LONG, "b", None).await;
+    assert!(early.is_empty(), "claimed before due: {:?}", ids(&early));
+    // ...and both are after it.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let (req2, later) = claim(&*store, 10, LONG, "b", None).await;
+    assert_eq!(ids(&later), vec![row[1], row[3]]);
+    assert_eq!(later[0].delivery.attempts, 1);
+    assert_eq!(later[1].delivery.attempts, 0);
+
+    // A release without an error keeps the previous one; RETRY stays RETRY.
+    let done = [
+        completion(
+            &req2,
+            row[1],
+            Resolution::Release {
+                delay: Duration::ZERO,
+                error: None,
+            },
+        ),
+        completion(&req2, row[3], Resolution::Delivered),
+    ];
+    assert_eq!(complete(&*store, &done).await, 2);
+    assert!(row_is(&td, row[1], &format!("status = 'RETRY' AND {unclaimed}")).await);
+    assert_eq!(attempts(&td, row[1]).await, 1);
+    assert_eq!(
+        text_column(&td, row[1], "last_error").await.as_deref(),
+        Some("503 from receiver")
+    );
+    assert!(row_is(&td, row[3], "status = 'SUCCESS' AND last_error IS NULL").await);
+    let (_, again) = claim(&*store, 10, LONG, "c", None).await;
+    assert_eq!(
+        ids(&again),
+        vec![row[1]],
+        "released with no delay: due at once"
+    );
+    td.drop_table().await;
+}
+
+per_db!(batched_completions_with_two_tokens);
+async fn batched_completions_with_two_tokens(db: Db) {
+    let Some(td) = TestDb::open(db, "st_batch").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    bulk_insert(&td, "log", 720).await;
+    // More than one result chunk (500) under the first token.
+    let (t1, first) = claim(&*store, 600, LONG, "a", None).await;
+    let (t2, second) = claim(&*store, 120, LONG, "b", None).await;
+    assert_eq!(first.len(), 600);
+    assert_eq!(second.len(), 120);
+    let mut done: Vec<Completion> = first
+        .iter()
+        .map(|r| completion(&t1, r.delivery.id, Resolution::Delivered))
+        .collect();
+    for (i, r) in second.iter().enumerate() {
+        let res = match i % 4 {
+            0 => Resolution::Delivered,
+            1 => Resolution::Retry {
+                delay: Duration::from_secs(60),
+                error: format!("retry {i}"),
+            },
+            2 => Resolution::Failed {
+                error: format!("failed {i}"),
+            },
+            _ => Resolution::Release {
+                delay: Duration::from_secs(60),
+                error: None,
+            },
+        };
+        done.push(completion(&t2, r.delivery.id, res));
+    }
+    // Interleave the two tokens and kinds, and add a write under a wrong token.
+    done.reverse();
+    done.push(Completion {
+        id: first[0].delivery.id,
+        token: token(),
+        resolution: Resolution::Failed {
+            error: "stale".into(),
+        },
+    });
+    assert_eq!(complete(&*store, &done).await, 720);
+    let [pending, retry, success, failed] = td.counts().await;
+    assert_eq!((pending, retry, success, failed), (30, 30, 630, 30));
+    assert_eq!(
+        td.scalar("SELECT COUNT(*) FROM {t} WHERE claim_token IS NOT NULL")
+            .await,
+        0
+    );
+    // Each RETRY / FAILED row got its own error text.
+    let r = second[1].delivery.id;
+    assert_eq!(
+        text_column(&td, r, "last_error").await.as_deref(),
+        Some("retry 1")
+    );
+    let f = second[2].delivery.id;
+    assert_eq!(
+        text_column(&td, f, "last_error").await.as_deref(),
+        Some("failed 2")
+    );
+    assert_eq!(complete(&*store, &[]).await, 0);
+    td.drop_table().await;
+}
+
+per_db!(long_errors_are_truncated);
+async fn long_errors_are_truncated(db: Db) {
+    let Some(td) = TestDb::open(db, "st_trunc").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let a = enqueue(&td, "log", None).await;
+    let b = enqueue(&td, "log", None).await;
+    // 'é' is 2 bytes and the leading 'x' puts byte 1000 in the middle of one; '😀' is 4 bytes.
+    let long_a = format!("x{}", "é".repeat(1500));
+    let long_b = format!("ab{}", "😀".repeat(400));
+    let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
+    assert_eq!(rows.len(), 2);
+    let done = [
+        completion(
+            &req,
+            a,
+            Resolution::Failed {
+                error: long_a.clone(),
+            },
+        ),
+        completion(
+            &req,
+            b,
+            Resolution::Retry {
+                delay: Duration::from_secs(60),
+                error: long_b.clone(),
+            },
+        ),
+    ];
+    assert_eq!(complete(&*store, &done).await, 2);
+    for (id, original) in [(a, &long_a), (b, &long_b)] {
+        let stored = text_column(&td, id, "last_error")
+            .await
+            .expect("last_error");
+        assert!(
+            stored.len() <= MAX_ERROR_LEN + 3,
+            "{} bytes stored",
+            stored.len()
+        );
+        assert!(stored.len() >= MAX_ERROR_LEN - 4, "cut too short");
+        let body = stored.strip_suffix("...").unwrap_or(&stored);
+        assert!(original.starts_with(body), "the stored error is a prefix");
+    }
+    td.drop_table().await;
+}
+
+per_db!(ordering_keys_deliver_one_at_a_time);
+async fn ordering_keys_deliver_one_at_a_time(db: Db) {
+    let Some(td) = TestDb::open(db, "st_order").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let a1 = enqueue(&td, "log", Some("A")).await;
+    let k1 = enqueue(&td, "log", None).await;
+    let b1 = enqueue(&td, "log", Some("B")).await;
+    let a2 = enqueue(&td, "log", Some("A")).await;
+    let k2 = enqueue(&td, "log", None).await;
+    let b2 = enqueue(&td, "log", Some("B")).await;
+    let a3 = enqueue(&td, "log", Some("A")).await;
+
+    let (r1, heads) = claim(&*store, 100, LONG, "a", None).await;
+    assert_eq!(
+        ids(&heads),
+        vec![a1, k1, b1, k2],
+        "only the heads of each key plus keyless rows"
+    );
+    assert_eq!(heads[0].ordering_key.as_deref(), Some("A"));
+    assert_eq!(heads[1].ordering_key, None);
+
+    // While A1 is claimed (still PENDING), A2 waits; so does B2 behind B1.
+    let (_, none) = claim(&*store, 100, LONG, "b", None).await;
+    assert!(none.is_empty(), "claimed behind a head: {:?}", ids(&none));
+
+    // A1 released (throttled): still the head, A2 still waits.
+    assert_eq!(
+        complete(
+            &*store,
+            &[completion(
+                &r1,
+                a1,
+                Resolution::Release {
+                    delay: Duration::ZERO,
+                    error: None,
+                },
+            )],
+        )
+        .await,
+        1
+    );
+    let (r2, again) = claim(&*store, 100, LONG, "b", None).await;
+    assert_eq!(
+        ids(&again),
+        vec![a1],
+        "a released head is the next of its key"
+    );
+
+    // A1 delivered, B1 to RETRY later, keyless ones delivered.
+    let done = [
+        completion(&r2, a1, Resolution::Delivered),
+        completion(
+            &r1,
+            b1,
+            Resolution::Retry {
+                delay: Duration::from_secs(3600),
+                error: "later".into(),
+            },
+        ),
+        completion(&r1, k1, Resolution::Delivered),
+        completion(&r1, k2, Resolution::Delivered),
+    ];
+    assert_eq!(complete(&*store, &done).await, 4);
+    // A2 is next for A; the RETRY head B1 holds back B2 only.
+    let (r3, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![a2]);
+    assert_eq!(
+        complete(
+            &*store,
+            &[completion(
+                &r3,
+                a2,
+                Resolution::Failed {
+                    error: "bad".into()
+                }
+            )],
+        )
+        .await,
+        1
+    );
+    // A FAILED head no longer holds its key back.
+    let (r4, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![a3]);
+    assert_eq!(
+        complete(&*store, &[completion(&r4, a3, Resolution::Delivered)]).await,
+        1
+    );
+    // B1 becomes due and is delivered: then B2.
+    td.exec(&format!(
+        "UPDATE {{t}} SET next_attempt_at = {} WHERE id = {b1}",
+        db_time(db, -1)
+    ))
+    .await;
+    let (r5, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![b1]);
+    assert_eq!(
+        complete(&*store, &[completion(&r5, b1, Resolution::Delivered)]).await,
+        1
+    );
+    let (_, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![b2]);
+    td.drop_table().await;
+}
+
+per_db!(concurrent_claimers_never_share_a_row);
+async fn concurrent_claimers_never_share_a_row(db: Db) {
+    let Some(td) = TestDb::open(db, "st_conc").await else {
+        return;
+    };
+    const ROWS: usize = 1000;
+    bulk_insert(&td, "log", ROWS).await;
+    // Open the pool's connections first, so that no claimer starts late waiting for one.
+    let mut warm = Vec::new();
+    for _ in 0..6 {
+        warm.push(td.store.pool().acquire().await.expect("connection"));
+    }
+    drop(warm);
+    let seen: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let start = Arc::new(tokio::sync::Barrier::new(4));
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let store = td.dyn_store();
+        let seen = seen.clone();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            let name = format!("worker{w}");
+            start.wait().await;
+            let mut batches = 0;
+            loop {
+                let req = request(50, LONG, &name, None);
+                let rows = store.claim(&req).await.expect("claim");
+                if rows.is_empty() {
+                    // Every row is under a live claim or done: with 60s claims, none returns.
+                    break;
+                }
+                batches += 1;
+                seen.lock()
+                    .unwrap()
+                    .extend(rows.iter().map(|r| r.delivery.id));
+                // "Sending": lets the other claimers run while this batch is held.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                let done: Vec<_> = rows
+                    .iter()
+                    .map(|r| Completion {
+                        id: r.delivery.id,
+                        token: req.token.clone(),
+                        resolution: Resolution::Delivered,
+                    })
+                    .collect();
+                let changed = store.complete(&done).await.expect("complete");
+                assert_eq!(changed as usize, done.len(), "our own claims are live");
+            }
+            batches
+        }));
+    }
+    let mut batches = Vec::new();
+    for t in tasks {
+        batches.push(
+            tokio::time::timeout(Duration::from_secs(120), t)
+                .await
+                .expect("claimers did not finish within 120s")
+                .expect("claimer panicked"),
+        );
+    }
+    let seen = seen.lock().unwrap().clone();
+    let unique: HashSet<i64> = seen.iter().copied().collect();
+    eprintln!(
+        "{db:?}: 4 claimers took {} rows in {batches:?} batches in {:?}",
+        seen.len(),
+        started.elapsed()
+    );
+    assert_eq!(unique.len(), seen.len(), "G2: a row was claimed twice");
+    assert_eq!(unique.len(), ROWS, "G1: every row was claimed");
+    assert_eq!(td.counts().await, [0, 0, ROWS as i64, 0]);
+    assert_eq!(
+        td.scalar("SELECT COUNT(*) FROM {t} WHERE attempts <> 1")
+            .await,
+        0
+    );
+    td.drop_table().await;
+}
+
+per_db!(status_and_failed_report_the_table);
+async fn status_and_failed_report_the_table(db: Db) {
+    let Some(td) = TestDb::open(db, "st_status").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let lease = td.table.clone();
+    let empty = bounded("status", store.status(&lease)).await;
+    assert!(empty.counts.is_empty());
+    assert!(empty.oldest_pending.is_none());
+    assert!(empty.lease.is_none());
+
+    let mut a = Vec::new();
+    for _ in 0..5 {
+        a.push(enqueue(&td, "a", None).await);
+    }
+    let mut b = Vec::new();
+    for _ in 0..3 {
+        b.push(enqueue(&td, "b", None).await);
+    }
+    // The oldest pending row was created an hour ago.
+    td.exec(&format!(
+        "UPDATE {{t}} SET created_at = {} WHERE id = {}",
+        db_time(db, -3600),
+        a[4]
+    ))
+    .await;
+    // a[0], a[1] -> SUCCESS; a[2] -> FAILED; b[0], b[1] -> FAILED; a[3] claimed by "c1".
+    let (req, rows) = claim(&*store, 8, LONG, "x", None).await;
+    assert_eq!(rows.len(), 8);
+    let fail = |id, e: &str| {
+        completion(
+            &req,
+            id,
+            Resolution::Failed {
+                error: e.to_string(),
+            },
+        )
+    };
+    let release = |id| {
+        completion(
+            &req,
+            id,
+            Resolution::Release {
+                delay: Duration::ZERO,
+                error: None,
+            },
+        )
+    };
+    let done = [
+        completion(&req, a[0], Resolution::Delivered),
+        completion(&req, a[1], Resolution::Delivered),
+        fail(a[2], "410 gone"),
+        fail(b[0], "no such sink"),
+        fail(b[1], "payload is not JSON"),
+        release(a[3]),
+        release(a[4]),
+        release(b[2]),
+    ];
+    assert_eq!(complete(&*store, &done).await, 8);
+    let (_, live) = claim(&*store, 1, LONG, "c1", None).await;
+    assert_eq!(ids(&live), vec![a[3]]);
+    bounded(
+        "lease_acquire",
+        store.lease_acquire(&lease, "holder-x", Duration::from_secs(20)),
+    )
+    .await
+    .expect("lease");
+
+    let st = bounded("status", store.status(&lease)).await;
+    let count = |status: &str, channel: &str| {
+        st.counts
+            .iter()
+            .find(|(s, c, _)| s == status && c == channel)
+            .map(|(_, _, n)| *n)
+    };
+    assert_eq!(count("SUCCESS", "a"), Some(2));
+    assert_eq!(count("FAILED", "a"), Some(1));
+    assert_eq!(count("PENDING", "a"), Some(2));
+    assert_eq!(count("FAILED", "b"), Some(2));
+    assert_eq!(count("PENDING", "b"), Some(1));
+    assert_eq!(count("SUCCESS", "b"), None);
+    assert_eq!(st.counts.iter().map(|(_, _, n)| n).sum::<i64>(), 8);
+    let oldest = st.oldest_pending.expect("oldest pending");
+    assert!(
+        oldest > Duration::from_secs(3590) && oldest < Duration::from_secs(3700),
+        "oldest pending {oldest:?}, expected about an hour"
+    );
+    let l = st.lease.expect("lease row");
+    assert_eq!(l.holder.as_deref(), Some("holder-x"));
+    assert_eq!(l.epoch, 1);
+    let left = l.remaining_ms.expect("remaining");
+    assert!(left > 10_000 && left <= 20_000, "lease remaining {left}ms");
+    assert_eq!(st.claims, vec![("c1".to_string(), 1)]);
+
+    let failed = bounded("failed", store.failed(10, None)).await;
+    assert_eq!(
+        failed.iter().map(|f| f.id).collect::<Vec<_>>(),
+        vec![b[1], b[0], a[2]],
+        "newest first"
+    );
+    assert_eq!(failed[0].channel, "b");
+    assert_eq!(failed[0].attempts, 1);
+    assert_eq!(failed[0].last_error.as_deref(), Some("payload is not JSON"));
+    assert_eq!(failed[2].last_error.as_deref(), Some("410 gone"));
+    assert!(
+        failed[0].updated_at.len() >= 19 && failed[0].updated_at.starts_with("20"),
+        "updated_at {:?}",
+        failed[0].updated_at
+    );
+    let only_a = bounded("failed", store.failed(10, Some("a"))).await;
+    assert_eq!(only_a.iter().map(|f| f.id).collect::<Vec<_>>(), vec![a[2]]);
+    let limited = bounded("failed", store.failed(1, None)).await;
+    assert_eq!(limited.len(), 1);
+    td.drop_table().await;
+}
