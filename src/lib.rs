@@ -10,6 +10,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod housekeeping;
 pub mod lease;
 pub mod relay;
 pub mod retry;

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
-use super::CliError;
+use super::{CliError, PurgeStatus};
 use crate::config::{Settings, duration};
-use crate::store::{self, NewRow, OutboxStore};
+use crate::housekeeping;
+use crate::store::{self, Finished, NewRow, OutboxStore, Requeue};
 
 /// Opens the store. The embedded SQLite default is also migrated, so `enqueue` and `status`
 /// work on a fresh checkout before `run` ever started.
@@ -132,6 +133,56 @@ pub(super) async fn failed(
             r.last_error.unwrap_or_default()
         );
     }
+    Ok(())
+}
+
+pub(super) async fn requeue(
+    settings: &Settings,
+    ids: Vec<i64>,
+    all_failed: bool,
+    channel: Option<String>,
+    dry_run: bool,
+) -> Result<(), CliError> {
+    let store = open(settings).await?;
+    let selection = if all_failed {
+        Requeue::AllFailed { channel }
+    } else {
+        Requeue::Ids(ids)
+    };
+    let report = store.requeue(&selection, dry_run).await?;
+    for (id, status) in &report.not_failed {
+        println!("row {id} is {status}, not FAILED: left unchanged");
+    }
+    for id in &report.missing {
+        println!("row {id} does not exist");
+    }
+    let verb = if dry_run { "would requeue" } else { "requeued" };
+    println!("{verb} {} FAILED row(s)", report.requeued);
+    Ok(())
+}
+
+pub(super) async fn purge(
+    settings: &Settings,
+    older_than: std::time::Duration,
+    status: PurgeStatus,
+) -> Result<(), CliError> {
+    let store = open(settings).await?;
+    let status = match status {
+        PurgeStatus::Success => Finished::Success,
+        PurgeStatus::Failed => Finished::Failed,
+    };
+    let deleted = housekeeping::purge_all(
+        store.as_ref(),
+        &[(status, older_than)],
+        &tokio_util::sync::CancellationToken::new(),
+        std::time::Duration::from_secs(24 * 3600),
+    )
+    .await?;
+    println!(
+        "deleted {deleted} {} row(s) last updated more than {} ago",
+        status.as_str(),
+        duration::format(older_than)
+    );
     Ok(())
 }
 

@@ -58,8 +58,47 @@ pub enum Command {
         #[arg(long)]
         channel: Option<String>,
     },
+    /// Put FAILED rows back in the queue (PENDING, attempts reset). Rows that are not FAILED
+    /// are never changed.
+    #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all_failed"])))]
+    Requeue {
+        /// Row ids to requeue (repeat or comma-separate).
+        #[arg(long, value_delimiter = ',', num_args = 1..)]
+        id: Vec<i64>,
+        /// Requeue every FAILED row (of --channel, if given).
+        #[arg(long)]
+        all_failed: bool,
+        /// With --all-failed: only rows of this channel.
+        #[arg(long, requires = "all_failed")]
+        channel: Option<String>,
+        /// Show what would be requeued without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Delete finished rows older than a duration, in small batches. Never deletes PENDING or
+    /// RETRY rows.
+    Purge {
+        /// Age of the last update, e.g. 7d, 12h.
+        #[arg(long, value_parser = parse_duration)]
+        older_than: std::time::Duration,
+        /// Which finished rows: SUCCESS (default) or FAILED.
+        #[arg(long, value_enum, default_value = "SUCCESS")]
+        status: PurgeStatus,
+    },
     /// Validate the configuration and print the effective settings (secrets masked).
     CheckConfig,
+}
+
+/// The statuses `purge` may delete.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[value(rename_all = "UPPER")]
+pub enum PurgeStatus {
+    Success,
+    Failed,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    crate::config::duration::parse(s)
 }
 
 /// Why a command failed, deciding the exit code.
@@ -107,6 +146,13 @@ pub async fn execute(cli: Cli) -> Result<(), CliError> {
         } => admin::enqueue(&settings, channel, recipient, payload, ordering_key).await,
         Command::Status => admin::status(&settings).await,
         Command::Failed { limit, channel } => admin::failed(&settings, limit, channel).await,
+        Command::Requeue {
+            id,
+            all_failed,
+            channel,
+            dry_run,
+        } => admin::requeue(&settings, id, all_failed, channel, dry_run).await,
+        Command::Purge { older_than, status } => admin::purge(&settings, older_than, status).await,
         Command::CheckConfig => {
             admin::check_config(&settings);
             Ok(())

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use crate::config::{LeaseBackend, Mode, Settings};
+use crate::housekeeping;
 use crate::lease::{DatabaseLease, Keeper, Lease, RedisLease};
 use crate::relay::Relay;
 use crate::sink::SinkRegistry;
@@ -88,6 +89,15 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
         let _ = lease_cell.set(lease.clone());
     }
     let keeper = lease.map(|lease| Keeper::start(lease, store.clone(), l.renew_timeout));
+
+    tokio::spawn(housekeeping::sample_loop(store.clone(), shutdown.clone()));
+    tokio::spawn(housekeeping::retention_loop(
+        store.clone(),
+        settings.retention.clone(),
+        settings.lease.name.clone(),
+        settings.relay.instance_id.clone(),
+        shutdown.clone(),
+    ));
 
     let relay = Relay {
         store: store.clone(),

@@ -11,6 +11,7 @@
 //! - claims and result writes are batched: one claim statement per batch, one result statement
 //!   per outcome kind and claim batch, never one statement per row on the happy path.
 
+mod admin;
 mod dialect;
 mod migrate;
 mod mysql;
@@ -132,6 +133,50 @@ pub struct FailedRow {
     pub updated_at: String,
 }
 
+/// A finished status: the only ones `purge` and retention may delete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    Success,
+    Failed,
+}
+
+impl Finished {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finished::Success => "SUCCESS",
+            Finished::Failed => "FAILED",
+        }
+    }
+}
+
+/// Which FAILED rows `requeue` puts back.
+#[derive(Debug, Clone)]
+pub enum Requeue {
+    Ids(Vec<i64>),
+    AllFailed { channel: Option<String> },
+}
+
+/// What `requeue` did (or, dry-run, would do).
+#[derive(Debug, Clone, Default)]
+pub struct RequeueReport {
+    /// FAILED rows set back to PENDING with a fresh attempt budget.
+    pub requeued: u64,
+    /// Ids that exist but are not FAILED (left unchanged), with their status.
+    pub not_failed: Vec<(i64, String)>,
+    /// Ids that do not exist.
+    pub missing: Vec<i64>,
+}
+
+/// The periodic sample behind the table gauges.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Rows per status.
+    pub by_status: Vec<(String, i64)>,
+    pub oldest_pending: Option<Duration>,
+    /// Ordering keys with rows held back behind an unfinished earlier row.
+    pub ordering_blocked_keys: i64,
+}
+
 /// Everything the relay and the CLI need from the database.
 pub trait OutboxStore: Send + Sync {
     /// Which database this is.
@@ -156,6 +201,22 @@ pub trait OutboxStore: Send + Sync {
         limit: u32,
         channel: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<Vec<FailedRow>>>;
+
+    /// Puts FAILED rows back to PENDING (attempts reset); other rows are left alone.
+    fn requeue<'a>(
+        &'a self,
+        selection: &'a Requeue,
+        dry_run: bool,
+    ) -> BoxFuture<'a, anyhow::Result<RequeueReport>>;
+    /// Deletes up to `batch` rows of `status` last updated more than `older_than` ago.
+    fn purge<'a>(
+        &'a self,
+        status: Finished,
+        older_than: Duration,
+        batch: u32,
+    ) -> BoxFuture<'a, anyhow::Result<u64>>;
+    /// Counts for the table gauges.
+    fn sample(&self) -> BoxFuture<'_, anyhow::Result<Sample>>;
 
     /// `database` lease backend: takes the lease if it is free or expired (on the database
     /// clock), bumping the epoch. Returns the new epoch, or `None` if someone else holds it.

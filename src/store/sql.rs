@@ -17,8 +17,8 @@ use sqlx::{Any, AnyPool, Executor, Row};
 
 use super::dialect::placeholders;
 use super::{
-    ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, LeaseRow, NewRow, OutboxStore,
-    Resolution, StatusReport, migrate, mysql, truncate_error,
+    ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, Finished, NewRow, OutboxStore,
+    Requeue, RequeueReport, Resolution, Sample, StatusReport, migrate, mysql, truncate_error,
 };
 use crate::BoxFuture;
 use crate::sink::Delivery;
@@ -28,10 +28,10 @@ const RESULT_CHUNK: usize = 500;
 
 /// The outbox on a SQL database.
 pub struct SqlStore {
-    pool: AnyPool,
-    dialect: Dialect,
+    pub(super) pool: AnyPool,
+    pub(super) dialect: Dialect,
     /// The outbox table's name (validated as an identifier).
-    table: String,
+    pub(super) table: String,
     /// The lease names whose row has been inserted (saves a statement per acquire). Per name:
     /// one store may serve several leases, and each needs its own row.
     lease_rows_ready: Mutex<HashSet<String>>,
@@ -119,7 +119,7 @@ impl SqlStore {
         self.statements.load(Ordering::Relaxed)
     }
 
-    fn sql(&self, text: &str) -> AnyQuery<'static> {
+    pub(super) fn sql(&self, text: &str) -> AnyQuery<'static> {
         self.statements.fetch_add(1, Ordering::Relaxed);
         query(self.dialect.finalize(text))
     }
@@ -502,67 +502,7 @@ impl OutboxStore for SqlStore {
     }
 
     fn status<'a>(&'a self, lease: &'a str) -> BoxFuture<'a, anyhow::Result<StatusReport>> {
-        Box::pin(async move {
-            let t = &self.table;
-            let d = self.dialect;
-            let counts = self
-                .sql(&format!(
-                    "SELECT status, channel, COUNT(*) FROM {t} GROUP BY status, channel
-                     ORDER BY status, channel"
-                ))
-                .fetch_all(&self.pool)
-                .await?
-                .iter()
-                .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            let oldest: Option<i64> = self
-                .sql(&format!(
-                    "SELECT MAX({}) FROM {t} WHERE status IN ('PENDING', 'RETRY')",
-                    d.age_ms("created_at")
-                ))
-                .fetch_one(&self.pool)
-                .await?
-                .try_get(0)?;
-            let lease = self
-                .sql(&format!(
-                    "SELECT holder, epoch, -({}) FROM outbox_relay_lease WHERE name = ?",
-                    d.age_ms("lease_until")
-                ))
-                .bind(lease.to_string())
-                .fetch_optional(&self.pool)
-                .await?
-                .map(|r| -> anyhow::Result<LeaseRow> {
-                    Ok(LeaseRow {
-                        holder: r.try_get(0)?,
-                        epoch: r.try_get(1)?,
-                        remaining_ms: r.try_get(2)?,
-                    })
-                })
-                .transpose()?;
-            let claims = self
-                .sql(&format!(
-                    "SELECT claimed_by, COUNT(*) FROM {t}
-                     WHERE claimed_until > {now} AND status IN ('PENDING', 'RETRY')
-                     GROUP BY claimed_by ORDER BY claimed_by",
-                    now = d.now()
-                ))
-                .fetch_all(&self.pool)
-                .await?
-                .iter()
-                .map(|r| {
-                    Ok((
-                        r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
-                        r.try_get(1)?,
-                    ))
-                })
-                .collect::<anyhow::Result<Vec<_>>>()?;
-            Ok(StatusReport {
-                counts,
-                oldest_pending: oldest.map(|ms| Duration::from_millis(ms.max(0) as u64)),
-                lease,
-                claims,
-            })
-        })
+        Box::pin(self.status_report(lease))
     }
 
     fn failed<'a>(
@@ -570,37 +510,28 @@ impl OutboxStore for SqlStore {
         limit: u32,
         channel: Option<&'a str>,
     ) -> BoxFuture<'a, anyhow::Result<Vec<FailedRow>>> {
-        Box::pin(async move {
-            let t = &self.table;
-            let filter = if channel.is_some() {
-                "AND channel = ?"
-            } else {
-                ""
-            };
-            let sql = format!(
-                "SELECT id, channel, attempts, last_error, {} FROM {t}
-                 WHERE status = 'FAILED' {filter} ORDER BY id DESC LIMIT ?",
-                self.dialect.time_text("updated_at")
-            );
-            let mut q = self.sql(&sql);
-            if let Some(c) = channel {
-                q = q.bind(c.to_string());
-            }
-            q.bind(limit as i64)
-                .fetch_all(&self.pool)
-                .await?
-                .iter()
-                .map(|r| {
-                    Ok(FailedRow {
-                        id: r.try_get(0)?,
-                        channel: r.try_get(1)?,
-                        attempts: r.try_get(2)?,
-                        last_error: r.try_get(3)?,
-                        updated_at: r.try_get(4)?,
-                    })
-                })
-                .collect()
-        })
+        Box::pin(self.failed_rows(limit, channel))
+    }
+
+    fn requeue<'a>(
+        &'a self,
+        selection: &'a Requeue,
+        dry_run: bool,
+    ) -> BoxFuture<'a, anyhow::Result<RequeueReport>> {
+        Box::pin(self.requeue_rows(selection, dry_run))
+    }
+
+    fn purge<'a>(
+        &'a self,
+        status: Finished,
+        older_than: Duration,
+        batch: u32,
+    ) -> BoxFuture<'a, anyhow::Result<u64>> {
+        Box::pin(self.purge_batch(status, older_than, batch))
+    }
+
+    fn sample(&self) -> BoxFuture<'_, anyhow::Result<Sample>> {
+        Box::pin(self.sample_table())
     }
 
     fn lease_acquire<'a>(

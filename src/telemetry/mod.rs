@@ -108,6 +108,18 @@ fn describe() {
         "1 while a sink is paused (throttle or config error)."
     );
     describe_gauge!("outbox_relay_build_info", "Build information.");
+    describe_gauge!(
+        "outbox_relay_rows",
+        "Rows in the outbox table by status (sampled)."
+    );
+    describe_gauge!(
+        "outbox_relay_oldest_pending_seconds",
+        "Age of the oldest PENDING or RETRY row (sampled)."
+    );
+    describe_gauge!(
+        "outbox_relay_ordering_blocked_keys",
+        "Ordering keys with rows held back behind an unfinished earlier row (sampled)."
+    );
 }
 
 /// What `/readyz` reports, shared by the parts that know.

@@ -1,0 +1,289 @@
+//! The operator's queries: `status`, `failed`, `requeue`, `purge`, and the periodic sample
+//! behind the `rows{status}`, `oldest_pending_seconds` and `ordering_blocked_keys` gauges.
+//!
+//! Guarantees: `requeue` touches only FAILED rows (other ids are reported, not changed);
+//! `purge` deletes only SUCCESS or FAILED rows ([`Finished`] cannot name another status), in
+//! bounded batches so it never holds long locks.
+
+use std::time::Duration;
+
+use sqlx::Row;
+
+use super::dialect::placeholders;
+use super::{
+    Dialect, FailedRow, Finished, LeaseRow, Requeue, RequeueReport, Sample, SqlStore, StatusReport,
+};
+
+/// Most rows one `requeue --all-failed` statement changes.
+const REQUEUE_BATCH: i64 = 1000;
+
+impl SqlStore {
+    pub(super) async fn status_report(&self, lease: &str) -> anyhow::Result<StatusReport> {
+        let t = &self.table;
+        let d = self.dialect;
+        let counts = self
+            .sql(&format!(
+                "SELECT status, channel, COUNT(*) FROM {t} GROUP BY status, channel
+                 ORDER BY status, channel"
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let oldest = self.oldest_pending_ms().await?;
+        let lease = self
+            .sql(&format!(
+                "SELECT holder, epoch, -({}) FROM outbox_relay_lease WHERE name = ?",
+                d.age_ms("lease_until")
+            ))
+            .bind(lease.to_string())
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| -> anyhow::Result<LeaseRow> {
+                Ok(LeaseRow {
+                    holder: r.try_get(0)?,
+                    epoch: r.try_get(1)?,
+                    remaining_ms: r.try_get(2)?,
+                })
+            })
+            .transpose()?;
+        let claims = self
+            .sql(&format!(
+                "SELECT claimed_by, COUNT(*) FROM {t}
+                 WHERE claimed_until > {now} AND status IN ('PENDING', 'RETRY')
+                 GROUP BY claimed_by ORDER BY claimed_by",
+                now = d.now()
+            ))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<Option<String>, _>(0)?.unwrap_or_default(),
+                    r.try_get(1)?,
+                ))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(StatusReport {
+            counts,
+            oldest_pending: oldest.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            lease,
+            claims,
+        })
+    }
+
+    /// Age of the oldest unfinished row: the lowest id among them (the due index serves it).
+    async fn oldest_pending_ms(&self) -> anyhow::Result<Option<i64>> {
+        let t = &self.table;
+        Ok(self
+            .sql(&format!(
+                "SELECT {} FROM {t} WHERE status IN ('PENDING', 'RETRY') ORDER BY id LIMIT 1",
+                self.dialect.age_ms("created_at")
+            ))
+            .fetch_optional(&self.pool)
+            .await?
+            .map(|r| r.try_get::<Option<i64>, _>(0))
+            .transpose()?
+            .flatten())
+    }
+
+    pub(super) async fn failed_rows(
+        &self,
+        limit: u32,
+        channel: Option<&str>,
+    ) -> anyhow::Result<Vec<FailedRow>> {
+        let t = &self.table;
+        let filter = if channel.is_some() {
+            "AND channel = ?"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT id, channel, attempts, last_error, {} FROM {t}
+             WHERE status = 'FAILED' {filter} ORDER BY id DESC LIMIT ?",
+            self.dialect.time_text("updated_at")
+        );
+        let mut q = self.sql(&sql);
+        if let Some(c) = channel {
+            q = q.bind(c.to_string());
+        }
+        q.bind(limit as i64)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(FailedRow {
+                    id: r.try_get(0)?,
+                    channel: r.try_get(1)?,
+                    attempts: r.try_get(2)?,
+                    last_error: r.try_get(3)?,
+                    updated_at: r.try_get(4)?,
+                })
+            })
+            .collect()
+    }
+
+    /// The SET clause that puts a FAILED row back in the queue with a fresh attempt budget
+    /// (its last error stays, for the record).
+    fn requeue_set(&self) -> String {
+        let now = self.dialect.now();
+        format!(
+            "status = 'PENDING', attempts = 0, next_attempt_at = {now}, claimed_by = NULL,
+             claim_token = NULL, claimed_until = NULL, updated_at = {now}"
+        )
+    }
+
+    pub(super) async fn requeue_rows(
+        &self,
+        selection: &Requeue,
+        dry_run: bool,
+    ) -> anyhow::Result<RequeueReport> {
+        let t = &self.table;
+        let mut report = RequeueReport::default();
+        match selection {
+            Requeue::Ids(ids) => {
+                for chunk in ids.chunks(500) {
+                    let mut q = self.sql(&format!(
+                        "SELECT id, status FROM {t} WHERE id IN ({})",
+                        placeholders(chunk.len())
+                    ));
+                    for id in chunk {
+                        q = q.bind(*id);
+                    }
+                    let found = q.fetch_all(&self.pool).await?;
+                    let mut failed = Vec::new();
+                    for r in &found {
+                        let id: i64 = r.try_get(0)?;
+                        let status: String = r.try_get(1)?;
+                        if status == "FAILED" {
+                            failed.push(id);
+                        } else {
+                            report.not_failed.push((id, status));
+                        }
+                    }
+                    for id in chunk {
+                        if !found
+                            .iter()
+                            .any(|r| r.try_get::<i64, _>(0).is_ok_and(|x| x == *id))
+                        {
+                            report.missing.push(*id);
+                        }
+                    }
+                    if !dry_run && !failed.is_empty() {
+                        let mut q = self.sql(&format!(
+                            "UPDATE {t} SET {} WHERE status = 'FAILED' AND id IN ({})",
+                            self.requeue_set(),
+                            placeholders(failed.len())
+                        ));
+                        for id in &failed {
+                            q = q.bind(*id);
+                        }
+                        report.requeued += q.execute(&self.pool).await?.rows_affected();
+                    } else {
+                        report.requeued += failed.len() as u64;
+                    }
+                }
+            }
+            Requeue::AllFailed { channel } => {
+                let filter = if channel.is_some() {
+                    "AND channel = ?"
+                } else {
+                    ""
+                };
+                if dry_run {
+                    let mut q = self.sql(&format!(
+                        "SELECT COUNT(*) FROM {t} WHERE status = 'FAILED' {filter}"
+                    ));
+                    if let Some(c) = channel {
+                        q = q.bind(c.clone());
+                    }
+                    report.requeued = q.fetch_one(&self.pool).await?.try_get::<i64, _>(0)? as u64;
+                    return Ok(report);
+                }
+                // In batches, so a large dead-letter backlog never becomes one huge lock.
+                let sql = match self.dialect {
+                    Dialect::MySql { .. } => format!(
+                        "UPDATE {t} SET {} WHERE status = 'FAILED' {filter} ORDER BY id LIMIT ?",
+                        self.requeue_set()
+                    ),
+                    _ => format!(
+                        "UPDATE {t} SET {} WHERE id IN (SELECT id FROM {t}
+                         WHERE status = 'FAILED' {filter} ORDER BY id LIMIT ?)",
+                        self.requeue_set()
+                    ),
+                };
+                loop {
+                    let mut q = self.sql(&sql);
+                    if let Some(c) = channel {
+                        q = q.bind(c.clone());
+                    }
+                    let n = q
+                        .bind(REQUEUE_BATCH)
+                        .execute(&self.pool)
+                        .await?
+                        .rows_affected();
+                    report.requeued += n;
+                    if n == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    pub(super) async fn purge_batch(
+        &self,
+        status: Finished,
+        older_than: Duration,
+        batch: u32,
+    ) -> anyhow::Result<u64> {
+        let t = &self.table;
+        let cutoff = self.dialect.now_plus_ms();
+        let sql = match self.dialect {
+            Dialect::MySql { .. } => format!(
+                "DELETE FROM {t} WHERE status = ? AND updated_at < {cutoff} ORDER BY id LIMIT ?"
+            ),
+            _ => format!(
+                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t}
+                 WHERE status = ? AND updated_at < {cutoff} ORDER BY id LIMIT ?)"
+            ),
+        };
+        Ok(self
+            .sql(&sql)
+            .bind(status.as_str().to_string())
+            .bind(-(older_than.as_millis() as i64))
+            .bind(batch as i64)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    pub(super) async fn sample_table(&self) -> anyhow::Result<Sample> {
+        let t = &self.table;
+        let by_status = self
+            .sql(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status"))
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+            .collect::<anyhow::Result<Vec<(String, i64)>>>()?;
+        let oldest = self.oldest_pending_ms().await?;
+        let blocked: i64 = self
+            .sql(&format!(
+                "SELECT COUNT(DISTINCT o.ordering_key) FROM {t} o
+                 WHERE o.status IN ('PENDING', 'RETRY') AND o.ordering_key IS NOT NULL
+                 AND EXISTS (SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key
+                     AND p.id < o.id AND p.status IN ('PENDING', 'RETRY'))"
+            ))
+            .fetch_one(&self.pool)
+            .await?
+            .try_get(0)?;
+        Ok(Sample {
+            by_status,
+            oldest_pending: oldest.map(|ms| Duration::from_millis(ms.max(0) as u64)),
+            ordering_blocked_keys: blocked,
+        })
+    }
+}
