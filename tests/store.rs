@@ -37,6 +37,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         claimer: claimer.to_string(),
         token: token(),
         fence,
+        exclude_channels: Vec::new(),
     }
 }
 
@@ -347,6 +348,51 @@ async fn fencing_refuses_a_stale_epoch(db: Db) {
             .await,
         2
     );
+    td.drop_table().await;
+}
+
+per_db!(excluded_channels_are_not_claimed);
+async fn excluded_channels_are_not_claimed(db: Db) {
+    let Some(td) = TestDb::open(db, "st_excl").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let lease = td.table.clone();
+    let mut paused = Vec::new();
+    for i in 0..6 {
+        let channel = if i % 2 == 0 { "paused" } else { "open" };
+        let id = enqueue(&td, channel, None).await;
+        if channel == "paused" {
+            paused.push(id);
+        }
+    }
+    // With a fence too, so the placeholders of both are bound in the right order.
+    let epoch = bounded(
+        "lease_acquire",
+        store.lease_acquire(&lease, "a", Duration::from_secs(30)),
+    )
+    .await
+    .expect("free lease is acquired");
+    let mut req = request(
+        10,
+        LONG,
+        "a",
+        Some(Fence {
+            lease: lease.clone(),
+            epoch,
+        }),
+    );
+    req.exclude_channels = vec!["paused".into(), "other".into()];
+    let rows = bounded("claim", store.claim(&req)).await;
+    assert_eq!(
+        rows.len(),
+        3,
+        "only the open channel's rows: {:?}",
+        ids(&rows)
+    );
+    assert!(rows.iter().all(|r| r.delivery.channel == "open"));
+    let (_, rows) = claim(&*store, 10, LONG, "a", None).await;
+    assert_eq!(ids(&rows), paused, "the excluded rows were left for later");
     td.drop_table().await;
 }
 

@@ -118,6 +118,8 @@ impl Relay {
                 claimer: s.instance_id.clone(),
                 token: token.clone(),
                 fence,
+                // Half the claim: a rate-limited row must be able to start well inside it.
+                exclude_channels: self.sinks.unavailable(s.claim_ttl / 2),
             };
             let claimed_at = Instant::now();
             let rows = match self.store.claim(&req).await {

@@ -44,6 +44,21 @@ impl RateLimiter {
         }
     }
 
+    /// How long a reservation made now would wait (the queue of earlier reservations).
+    pub fn backlog(&self) -> Duration {
+        let state = match self.state.lock() {
+            Ok(g) => *g,
+            Err(poisoned) => *poisoned.into_inner(),
+        };
+        let (tokens, at) = state;
+        let refilled = tokens + Instant::now().duration_since(at).as_secs_f64() * self.rate;
+        if refilled >= 1.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64((1.0 - refilled) / self.rate)
+        }
+    }
+
     /// Waits for a token.
     pub async fn acquire(&self) {
         let wait = self.reserve();

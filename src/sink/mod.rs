@@ -144,6 +144,19 @@ impl SinkRegistry {
         self.sinks.values()
     }
 
+    /// Sinks whose rows should not be claimed now: paused, or rate-limited with a queue so
+    /// long that a row claimed now could not start within `horizon`.
+    pub fn unavailable(&self, horizon: Duration) -> Vec<String> {
+        self.sinks
+            .values()
+            .filter(|s| {
+                s.pause.remaining().is_some()
+                    || s.rate.as_ref().is_some_and(|r| r.backlog() > horizon)
+            })
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
     /// The longest timeout of any sink.
     pub fn max_timeout(&self) -> Duration {
         self.sinks

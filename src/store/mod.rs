@@ -55,6 +55,9 @@ pub struct ClaimRequest {
     pub token: Arc<str>,
     /// Leader mode's epoch check; `None` in claim mode and with the `none` lease.
     pub fence: Option<Fence>,
+    /// Channels not to claim now (their sink is paused, or its rate limit could not start
+    /// more rows before their claims expire).
+    pub exclude_channels: Vec<String>,
 }
 
 /// A claimed row.

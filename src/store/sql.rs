@@ -124,17 +124,26 @@ impl SqlStore {
         query(self.dialect.finalize(text))
     }
 
-    /// The condition a row `o` must meet to be claimed: due, not under a live claim, and the
-    /// head of its ordering key.
-    fn claimable(&self) -> String {
+    /// The condition a row `o` must meet to be claimed: due, not under a live claim, the
+    /// head of its ordering key, and not for a channel the relay cannot serve now (its
+    /// placeholders, one per excluded channel, bind with [`bind_excluded`]).
+    fn claimable(&self, req: &ClaimRequest) -> String {
         let t = &self.table;
         let now = self.dialect.now();
+        let excluded = if req.exclude_channels.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "AND o.channel NOT IN ({})",
+                placeholders(req.exclude_channels.len())
+            )
+        };
         format!(
             "o.status IN ('PENDING', 'RETRY') AND o.next_attempt_at <= {now}
              AND (o.claimed_until IS NULL OR o.claimed_until < {now})
              AND (o.ordering_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key AND p.id < o.id
-                 AND p.status IN ('PENDING', 'RETRY')))"
+                 AND p.status IN ('PENDING', 'RETRY'))) {excluded}"
         )
     }
 
@@ -169,13 +178,14 @@ impl SqlStore {
                     updated_at = {now}
                  FROM picked WHERE u.id = picked.id
                  RETURNING {cols}",
-                claimable = self.claimable(),
+                claimable = self.claimable(req),
                 cols = self.returning_columns("u.")
             );
             let mut q = self.sql(&sql);
             if let Some(f) = &req.fence {
                 q = q.bind(f.lease.clone()).bind(f.epoch);
             }
+            q = bind_excluded(q, req);
             q.bind(req.limit as i64)
                 .bind(req.claimer.clone())
                 .bind(req.token.to_string())
@@ -194,7 +204,7 @@ impl SqlStore {
                  WHERE id IN (SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
                     ORDER BY o.id LIMIT ?)
                  RETURNING {cols}",
-                claimable = self.claimable(),
+                claimable = self.claimable(req),
                 cols = self.returning_columns("")
             );
             let mut q = self
@@ -202,6 +212,7 @@ impl SqlStore {
                 .bind(req.claimer.clone())
                 .bind(req.token.to_string())
                 .bind(ttl_ms);
+            q = bind_excluded(q, req);
             if let Some(f) = &req.fence {
                 q = q.bind(f.lease.clone()).bind(f.epoch);
             }
@@ -238,10 +249,9 @@ impl SqlStore {
         let sql = format!(
             "SELECT {cols} FROM {t} o WHERE {claimable} ORDER BY o.id LIMIT ? {lock}",
             cols = self.returning_columns("o."),
-            claimable = self.claimable()
+            claimable = self.claimable(req)
         );
-        let rows = self
-            .sql(&sql)
+        let rows = bind_excluded(self.sql(&sql), req)
             .bind(req.limit as i64)
             .fetch_all(&mut *tx)
             .await?;
@@ -367,6 +377,14 @@ impl SqlStore {
         }
         Ok(())
     }
+}
+
+/// Binds the channels [`SqlStore::claimable`] excludes, in order.
+fn bind_excluded<'q>(mut q: AnyQuery<'q>, req: &ClaimRequest) -> AnyQuery<'q> {
+    for c in &req.exclude_channels {
+        q = q.bind(c.clone());
+    }
+    q
 }
 
 /// Result statements are grouped by this.
