@@ -6,6 +6,9 @@
 //! makes it fail instead.
 #![allow(dead_code)]
 
+pub mod receiver;
+pub mod redis;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -70,7 +73,9 @@ impl TestDb {
             Ok(s) => s,
             Err(e) => {
                 if services_required() {
-                    panic!("{db:?} at {url} is required (OUTBOX_RELAY_REQUIRE_SERVICES=1) but unreachable: {e}");
+                    panic!(
+                        "{db:?} at {url} is required (OUTBOX_RELAY_REQUIRE_SERVICES=1) but unreachable: {e}"
+                    );
                 }
                 eprintln!("SKIPPED: {db:?} at {url} unreachable: {e}");
                 return None;
@@ -124,9 +129,12 @@ impl TestDb {
 
     /// Drops the test's table (best effort; tables have unique names anyway).
     pub async fn drop_table(&self) {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {}", self.table)))
-            .execute(self.store.pool())
-            .await;
+        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP TABLE IF EXISTS {}",
+            self.table
+        )))
+        .execute(self.store.pool())
+        .await;
     }
 }
 

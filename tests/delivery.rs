@@ -1,0 +1,822 @@
+//! End-to-end delivery suite (issue 2): the real `outbox-relay` binary, run with `run` against
+//! a real database (PostgreSQL, MariaDB, SQLite) and a real loopback webhook receiver.
+//!
+//! Each test writes its own TOML config into its temporary directory and points the binary at
+//! its own table and lease name through `OUTBOX_RELAY__...` variables, so tests run in
+//! parallel. Every process is killed when its guard drops (its log is printed if the test
+//! failed), and every wait has a timeout.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Display;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_relay::store::{NewRow, OutboxStore};
+use sqlx::Row;
+use support::receiver::{Receiver, Reply};
+use support::*;
+
+/// The signing secret every test's sink uses (Standard Webhooks form).
+const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+
+/// The config every test starts from; `relay_extra` goes into `[relay]`, `sink_extra` into
+/// `[sinks.hook]`.
+fn config_toml(url: &str, relay_extra: &str, sink_extra: &str) -> String {
+    format!(
+        r#"
+[relay]
+poll_interval = "50ms"
+shutdown_timeout = "10s"
+{relay_extra}
+
+[retry]
+initial_backoff = "1s"
+max_backoff = "2s"
+max_attempts = 3
+
+[log]
+level = "info"
+
+[sinks.hook]
+kind = "webhook"
+url = "{url}"
+secret = "{SECRET}"
+timeout = "5s"
+{sink_extra}
+"#
+    )
+}
+
+/// Writes a config file into the test's directory.
+fn write_config(td: &TestDb, file: &str, text: &str) -> PathBuf {
+    let path = td.dir.path().join(file);
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// A running `outbox-relay run`; killed (SIGKILL) when dropped if still running.
+struct RelayProc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl RelayProc {
+    /// Starts the binary on `td`'s table with `config`, the lease `lease` and instance id
+    /// `instance`; stdout and stderr go to `<dir>/<instance>.log`.
+    fn start(td: &TestDb, config: &Path, lease: &str, instance: &str) -> RelayProc {
+        let log = td.dir.path().join(format!("{instance}.log"));
+        let out = std::fs::File::create(&log).expect("create log");
+        let err = out.try_clone().expect("clone log");
+        let mut cmd = Command::new(relay_bin());
+        // Nothing from the test's own environment may leak into the relay's configuration.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("OUTBOX_RELAY") {
+                cmd.env_remove(&k);
+            }
+        }
+        let child = cmd
+            .env_remove("RUST_LOG")
+            .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
+            .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
+            .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
+            .env("OUTBOX_RELAY__LEASE__NAME", lease)
+            .env("OUTBOX_RELAY__RELAY__INSTANCE_ID", instance)
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .current_dir(td.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn outbox-relay");
+        RelayProc {
+            name: instance.to_string(),
+            child,
+            log,
+            status: None,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// True while the process has not exited.
+    fn running(&mut self) -> bool {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("try_wait");
+        }
+        self.status.is_none()
+    }
+
+    /// Sends SIGTERM (through `kill`, no libc needed).
+    fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -TERM {} failed", self.pid());
+    }
+
+    /// Waits for the process to exit; panics after `timeout`.
+    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        while self.running() {
+            if Instant::now() >= deadline {
+                panic!(
+                    "relay {} did not exit within {timeout:?}\n{}",
+                    self.name,
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.status.expect("exited")
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for RelayProc {
+    fn drop(&mut self) {
+        if self.running() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            let log = self.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("---- log of relay {} (last 60 lines) ----", self.name);
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+/// Polls `check` every 25ms until it holds; panics naming `what` after `timeout`.
+async fn until<F, Fut>(what: impl Display, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// What a row looks like in the table.
+#[derive(Debug, Clone, PartialEq)]
+struct RowState {
+    status: String,
+    attempts: i64,
+    last_error: Option<String>,
+    claim_token: Option<String>,
+}
+
+async fn row_state(td: &TestDb, id: i64) -> RowState {
+    let sql = match td.db {
+        Db::Postgres => format!(
+            "SELECT status, attempts, last_error, claim_token FROM {} WHERE id = $1",
+            td.table
+        ),
+        _ => format!(
+            "SELECT status, attempts, last_error, claim_token FROM {} WHERE id = ?",
+            td.table
+        ),
+    };
+    let r = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_one(td.store.pool())
+        .await
+        .expect("row state");
+    RowState {
+        status: r.try_get(0).expect("status"),
+        attempts: r.try_get(1).expect("attempts"),
+        last_error: r.try_get(2).expect("last_error"),
+        claim_token: r.try_get(3).expect("claim_token"),
+    }
+}
+
+/// Every row's id and payload (parsed), as stored.
+async fn payloads(td: &TestDb) -> HashMap<i64, serde_json::Value> {
+    let payload = match td.db {
+        Db::Postgres => "payload::text",
+        Db::MySql => "CAST(payload AS CHAR)",
+        Db::Sqlite => "payload",
+    };
+    let sql = format!("SELECT id, {payload} FROM {}", td.table);
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_all(td.store.pool())
+        .await
+        .expect("payloads")
+        .iter()
+        .map(|r| {
+            let id: i64 = r.try_get(0).expect("id");
+            let text: String = r.try_get(1).expect("payload");
+            (
+                id,
+                serde_json::from_str(&text).expect("stored payload is JSON"),
+            )
+        })
+        .collect()
+}
+
+/// Ids of the rows with `status`.
+async fn ids_with_status(td: &TestDb, status: &str) -> HashSet<i64> {
+    let sql = format!("SELECT id FROM {} WHERE status = '{status}'", td.table);
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_all(td.store.pool())
+        .await
+        .expect("ids")
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0).expect("id"))
+        .collect()
+}
+
+/// Inserts `n` webhook rows in a few multi-row statements; payload `{"n": i, ...}` with
+/// non-ASCII text (no backslashes: MySQL string literals would eat them).
+async fn insert_many(td: &TestDb, n: usize) {
+    let cast = if td.db == Db::Postgres { "::jsonb" } else { "" };
+    let rows: Vec<String> = (1..=n)
+        .map(|i| {
+            format!(
+                r#"('hook', '{{"n":{i},"msg":"héllo wörld <{i}> & 😀","tags":["a","b"]}}'{cast})"#
+            )
+        })
+        .collect();
+    for chunk in rows.chunks(250) {
+        td.exec(&format!(
+            "INSERT INTO {{t}} (channel, payload) VALUES {}",
+            chunk.join(", ")
+        ))
+        .await;
+    }
+    assert_eq!(td.scalar("SELECT COUNT(*) FROM {t}").await, n as i64);
+}
+
+async fn enqueue(td: &TestDb, channel: &str, payload: &str) -> i64 {
+    td.store
+        .enqueue(&NewRow {
+            channel: channel.into(),
+            recipient: None,
+            payload: payload.into(),
+            ordering_key: None,
+        })
+        .await
+        .expect("enqueue")
+}
+
+async fn open(db: Db, prefix: &str) -> Option<TestDb> {
+    TestDb::open(db, prefix).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. 1,000 rows, each delivered exactly once, signed, with webhook-id = row id.
+
+async fn thousand_rows_delivered_once(db: Db) {
+    let Some(td) = open(db, "dl_1k").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    insert_many(&td, 1000).await;
+    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let mut relay = RelayProc::start(&td, &cfg, &td.table, "one");
+
+    let tdr = &td;
+    until(
+        "1000 rows SUCCESS",
+        Duration::from_secs(30),
+        || async move { tdr.counts().await[2] == 1000 },
+    )
+    .await;
+    assert!(relay.running(), "relay exited early");
+    assert_eq!(td.counts().await, [0, 0, 1000, 0]);
+
+    // Every row reached the receiver exactly once: no duplicates, none missing.
+    let stored = payloads(&td).await;
+    let counts = rx.count_by_id();
+    let dupes: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(dupes.is_empty(), "ids received more than once: {dupes:?}");
+    let received: HashSet<i64> = counts.keys().copied().collect();
+    let expected: HashSet<i64> = stored.keys().copied().collect();
+    assert_eq!(
+        received, expected,
+        "received ids differ from the table's ids"
+    );
+    assert_eq!(rx.len(), 1000, "requests without a webhook-id arrived");
+
+    for r in rx.requests() {
+        let id = r.id.expect("webhook-id");
+        assert_eq!(r.path, "/hook");
+        assert_eq!(r.signature_ok, Some(true), "bad signature on row {id}");
+        assert_eq!(
+            r.header("idempotency-key"),
+            Some(format!("\"{id}\"").as_str())
+        );
+        assert_eq!(r.header("content-type"), Some("application/json"));
+        let body: serde_json::Value = serde_json::from_str(&r.body).expect("body is JSON");
+        assert_eq!(
+            &body, &stored[&id],
+            "row {id}'s body differs from its payload"
+        );
+    }
+    let sent_unset = td
+        .scalar("SELECT COUNT(*) FROM {t} WHERE sent_at IS NULL OR attempts <> 1 OR claim_token IS NOT NULL")
+        .await;
+    assert_eq!(
+        sent_unset, 0,
+        "delivered rows must have sent_at, attempts = 1, no claim"
+    );
+
+    relay.sigterm();
+    assert!(relay.wait_exit(Duration::from_secs(15)).await.success());
+    td.drop_table().await;
+}
+per_db!(thousand_rows_delivered_once);
+
+// ---------------------------------------------------------------------------------------------
+// 2. 500 then 200: RETRY (attempts 1, reason stored), then SUCCESS after the backoff.
+
+async fn server_error_retries_after_backoff(db: Db) {
+    let Some(td) = open(db, "dl_500").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    let id = enqueue(&td, "hook", r#"{"order": 42}"#).await;
+    rx.script(id, vec![Reply::status(500).body("temporary glitch")]);
+    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+
+    rx.expect_requests(1, Duration::from_secs(15), "first attempt")
+        .await;
+    let tdr = &td;
+    until(
+        "row in RETRY after the 500",
+        Duration::from_secs(5),
+        || async move {
+            let s = row_state(tdr, id).await;
+            s.status == "RETRY" && s.attempts == 1 && s.claim_token.is_none()
+        },
+    )
+    .await;
+    let s = row_state(&td, id).await;
+    let err = s.last_error.expect("last_error after a 500");
+    assert!(
+        err.contains("500") && err.contains("temporary glitch"),
+        "last_error: {err}"
+    );
+
+    rx.expect_requests(2, Duration::from_secs(10), "the retry")
+        .await;
+    until(
+        "row SUCCESS after the retry",
+        Duration::from_secs(5),
+        || async move { row_state(tdr, id).await.status == "SUCCESS" },
+    )
+    .await;
+    let s = row_state(&td, id).await;
+    assert_eq!(s.attempts, 2);
+    assert_eq!(s.last_error, None, "a delivered row keeps no error");
+
+    let reqs = rx.requests_for(id);
+    assert_eq!(reqs.len(), 2, "exactly one retry");
+    let gap = reqs[1].at - reqs[0].at;
+    assert!(
+        gap >= Duration::from_millis(950),
+        "retry came {gap:?} after the first attempt; initial_backoff is 1s"
+    );
+    assert!(gap < Duration::from_secs(5), "retry took {gap:?}");
+    // The idempotency key is the same on every attempt (G3), and each attempt is signed.
+    for r in &reqs {
+        assert_eq!(r.header("webhook-id"), Some(id.to_string().as_str()));
+        assert_eq!(
+            r.header("idempotency-key"),
+            Some(format!("\"{id}\"").as_str())
+        );
+        assert_eq!(r.signature_ok, Some(true));
+    }
+    td.drop_table().await;
+}
+per_db!(server_error_retries_after_backoff);
+
+// ---------------------------------------------------------------------------------------------
+// 3. 400: FAILED at once with the receiver's reason; never sent again; the next row goes on.
+
+async fn client_error_fails_permanently(db: Db) {
+    let Some(td) = open(db, "dl_400").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    let bad = enqueue(&td, "hook", r#"{"amount": -5}"#).await;
+    let good = enqueue(&td, "hook", r#"{"amount": 5}"#).await;
+    rx.script(
+        bad,
+        vec![Reply::status(400).body("amount must be positive")],
+    );
+    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+
+    let tdr = &td;
+    until(
+        "the 400 row FAILED and the other SUCCESS",
+        Duration::from_secs(15),
+        || async move {
+            row_state(tdr, bad).await.status == "FAILED"
+                && row_state(tdr, good).await.status == "SUCCESS"
+        },
+    )
+    .await;
+    let s = row_state(&td, bad).await;
+    assert_eq!(s.attempts, 1);
+    assert_eq!(s.claim_token, None);
+    assert_eq!(
+        s.last_error.as_deref(),
+        Some("HTTP 400: amount must be positive")
+    );
+
+    // Longer than the retry backoff and many poll intervals: a FAILED row is never re-sent.
+    let resent = rx
+        .wait_until(
+            |r| r.iter().filter(|q| q.id == Some(bad)).count() > 1,
+            Duration::from_millis(1500),
+        )
+        .await;
+    assert!(!resent, "a FAILED row was sent again");
+    assert_eq!(rx.count_by_id().get(&good), Some(&1));
+    assert_eq!(row_state(&td, bad).await.status, "FAILED");
+    td.drop_table().await;
+}
+per_db!(client_error_fails_permanently);
+
+// ---------------------------------------------------------------------------------------------
+// 4. 429 with Retry-After: the sink pauses, the attempt is not counted, delivery resumes after.
+
+async fn throttle_delays_without_counting(db: Db) {
+    let Some(td) = open(db, "dl_429").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    let id = enqueue(&td, "hook", r#"{"burst": 1}"#).await;
+    rx.script(
+        id,
+        vec![
+            Reply::status(429)
+                .header("retry-after", "2")
+                .body("slow down"),
+        ],
+    );
+    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+
+    rx.expect_requests(1, Duration::from_secs(15), "first attempt")
+        .await;
+    let first_at = rx.requests()[0].at;
+    let tdr = &td;
+    until(
+        "the throttled row given back",
+        Duration::from_secs(3),
+        || async move {
+            let s = row_state(tdr, id).await;
+            s.claim_token.is_none() && s.last_error.is_some()
+        },
+    )
+    .await;
+    let s = row_state(&td, id).await;
+    assert_eq!(s.status, "PENDING", "a throttle is not a failed attempt");
+    assert_eq!(s.attempts, 0, "a throttle must not count an attempt");
+    let err = s.last_error.unwrap_or_default();
+    assert!(err.contains("429"), "last_error: {err}");
+
+    // The whole sink is paused: a row enqueued now waits for the pause too.
+    let other = enqueue(&td, "hook", r#"{"burst": 2}"#).await;
+    let early = rx
+        .wait_until(
+            |r| r.len() > 1,
+            Duration::from_millis(1500).saturating_sub(first_at.elapsed()),
+        )
+        .await;
+    assert!(!early, "a request was sent during the 2s Retry-After pause");
+
+    until(
+        "both rows SUCCESS",
+        Duration::from_secs(10),
+        || async move {
+            row_state(tdr, id).await.status == "SUCCESS"
+                && row_state(tdr, other).await.status == "SUCCESS"
+        },
+    )
+    .await;
+    assert_eq!(row_state(&td, id).await.attempts, 1);
+    assert_eq!(row_state(&td, other).await.attempts, 1);
+    let again = rx.requests_for(id);
+    assert_eq!(again.len(), 2);
+    let gap = again[1].at - first_at;
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "resent after {gap:?}, Retry-After was 2s"
+    );
+    let other_reqs = rx.requests_for(other);
+    assert_eq!(other_reqs.len(), 1);
+    let wait = other_reqs[0].at - first_at;
+    assert!(
+        wait >= Duration::from_millis(1900),
+        "another row was sent {wait:?} into the sink's 2s pause"
+    );
+    td.drop_table().await;
+}
+per_db!(throttle_delays_without_counting);
+
+// ---------------------------------------------------------------------------------------------
+// 5. Bad rows fail alone (G5): unknown channel, oversized payload, not JSON (SQLite only).
+
+async fn malformed_rows_fail_alone(db: Db) {
+    let Some(td) = open(db, "dl_bad").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    let mut good = Vec::new();
+    let mut bad: Vec<(i64, &str)> = Vec::new();
+    for i in 0..5 {
+        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+    }
+    bad.push((
+        enqueue(&td, "nope", r#"{"x": 1}"#).await,
+        "no sink is configured for channel \"nope\"",
+    ));
+    for i in 5..10 {
+        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+    }
+    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(200));
+    bad.push((
+        enqueue(&td, "hook", &big).await,
+        "exceeds sinks.hook.max_body_bytes (100)",
+    ));
+    for i in 10..15 {
+        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+    }
+    if db == Db::Sqlite {
+        bad.push((
+            enqueue(&td, "hook", "this is {not json").await,
+            "payload is not valid JSON",
+        ));
+    }
+    for i in 15..20 {
+        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+    }
+    let cfg = write_config(
+        &td,
+        "relay.toml",
+        &config_toml(&rx.url(), "", "max_body_bytes = 100"),
+    );
+    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+
+    let tdr = &td;
+    let total = (good.len() + bad.len()) as i64;
+    until("every row final", Duration::from_secs(15), || async move {
+        let c = tdr.counts().await;
+        c[2] + c[3] == total
+    })
+    .await;
+    for &id in &good {
+        assert_eq!(row_state(&td, id).await.status, "SUCCESS", "good row {id}");
+    }
+    let counts = rx.count_by_id();
+    for &id in &good {
+        assert_eq!(counts.get(&id), Some(&1), "good row {id} delivered once");
+    }
+    for (id, reason) in &bad {
+        let s = row_state(&td, *id).await;
+        assert_eq!(s.status, "FAILED", "bad row {id}");
+        assert_eq!(s.attempts, 1, "bad row {id}");
+        let err = s.last_error.unwrap_or_default();
+        assert!(
+            err.contains(reason),
+            "bad row {id}: last_error {err:?} lacks {reason:?}"
+        );
+        assert!(
+            !counts.contains_key(id),
+            "bad row {id} was sent to the receiver"
+        );
+    }
+    assert_eq!(rx.len(), good.len());
+    td.drop_table().await;
+}
+per_db!(malformed_rows_fail_alone);
+
+// ---------------------------------------------------------------------------------------------
+// 6. SIGTERM mid-batch (G6): in-flight sends finish and are recorded, unsent rows are given
+//    back at once, exit 0; a restart delivers the rest, every row exactly once overall.
+
+async fn sigterm_mid_batch_loses_nothing(db: Db) {
+    let Some(td) = open(db, "dl_term").await else {
+        return;
+    };
+    const ROWS: usize = 200;
+    let rx = Receiver::start(Some(SECRET)).await;
+    rx.set_delay(Duration::from_millis(300));
+    insert_many(&td, ROWS).await;
+    // claim_ttl is long (60s): a row left claimed would not come back within this test.
+    let cfg = write_config(
+        &td,
+        "relay.toml",
+        &config_toml(&rx.url(), "claim_ttl = \"60s\"", ""),
+    );
+    let mut first = RelayProc::start(&td, &cfg, &td.table, "first");
+    rx.expect_requests(20, Duration::from_secs(15), "deliveries before SIGTERM")
+        .await;
+    first.sigterm();
+    let signalled = Instant::now();
+    let status = first.wait_exit(Duration::from_secs(15)).await;
+    let took = signalled.elapsed();
+    assert!(
+        status.success(),
+        "exit after SIGTERM: {status:?}\n{}",
+        first.log_text()
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "shutdown took {took:?}, over shutdown_timeout"
+    );
+
+    // Everything the receiver got was answered before the exit, and recorded as SUCCESS.
+    let reqs = rx.requests();
+    assert!(
+        reqs.iter().all(|r| r.answered_at.is_some()),
+        "the relay exited with requests still in flight"
+    );
+    let received: HashSet<i64> = rx.received_ids().into_iter().collect();
+    assert_eq!(
+        received.len(),
+        reqs.len(),
+        "a row was sent twice before SIGTERM"
+    );
+    let success = ids_with_status(&td, "SUCCESS").await;
+    assert_eq!(
+        success, received,
+        "after SIGTERM, SUCCESS rows must be exactly the rows the receiver got"
+    );
+    assert!(
+        !received.is_empty() && received.len() < ROWS,
+        "SIGTERM was not mid-batch: {} of {ROWS} delivered",
+        received.len()
+    );
+    // Unsent rows were given back: no claims left, no attempt counted.
+    assert_eq!(
+        td.scalar(
+            "SELECT COUNT(*) FROM {t} WHERE claim_token IS NOT NULL OR claimed_until IS NOT NULL"
+        )
+        .await,
+        0,
+        "rows left claimed after a graceful shutdown"
+    );
+    assert_eq!(
+        td.scalar("SELECT COUNT(*) FROM {t} WHERE status <> 'SUCCESS' AND (status <> 'PENDING' OR attempts <> 0)")
+            .await,
+        0,
+        "unsent rows must be PENDING with no attempt counted"
+    );
+
+    // A restart delivers the rest at once (not after the 60s claim_ttl).
+    rx.set_delay(Duration::ZERO);
+    let mut second = RelayProc::start(&td, &cfg, &td.table, "second");
+    let tdr = &td;
+    until(
+        "all rows SUCCESS after the restart",
+        Duration::from_secs(15),
+        || async move { tdr.counts().await[2] == ROWS as i64 },
+    )
+    .await;
+    let counts = rx.count_by_id();
+    assert_eq!(counts.len(), ROWS, "every row received");
+    let dupes: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(dupes.is_empty(), "rows received twice: {dupes:?}");
+    assert!(rx.requests().iter().all(|r| r.signature_ok == Some(true)));
+    second.sigterm();
+    assert!(second.wait_exit(Duration::from_secs(15)).await.success());
+    td.drop_table().await;
+}
+per_db!(sigterm_mid_batch_loses_nothing);
+
+// ---------------------------------------------------------------------------------------------
+// 7. Two relays on one `database` lease: only the holder delivers; after its SIGTERM the
+//    other takes over; every row exactly once (counted at the receiver).
+
+async fn two_relays_one_lease_never_both_deliver(db: Db) {
+    let Some(td) = open(db, "dl_two").await else {
+        return;
+    };
+    const ROWS: usize = 500;
+    let rx = Receiver::start(Some(SECRET)).await;
+    rx.set_delay(Duration::from_millis(25));
+    insert_many(&td, ROWS).await;
+    let cfg = |who: &str| {
+        config_toml(
+            &rx.url(),
+            "",
+            &format!("concurrency = 4\nheaders = {{ \"x-relay\" = \"{who}\" }}"),
+        )
+    };
+    let cfg_a = write_config(&td, "a.toml", &cfg("a"));
+    let cfg_b = write_config(&td, "b.toml", &cfg("b"));
+    let lease = td.table.clone();
+    let mut a = RelayProc::start(&td, &cfg_a, &lease, "a");
+    let mut b = RelayProc::start(&td, &cfg_b, &lease, "b");
+
+    rx.expect_requests(
+        150,
+        Duration::from_secs(20),
+        "deliveries by the lease holder",
+    )
+    .await;
+    let holder = rx.requests()[0]
+        .header("x-relay")
+        .expect("x-relay header")
+        .to_string();
+    // While both run, only the holder delivers.
+    let before = rx.requests();
+    let from_holder = before
+        .iter()
+        .filter(|r| r.header("x-relay") == Some(holder.as_str()))
+        .count();
+    assert_eq!(
+        from_holder,
+        before.len(),
+        "both relays delivered while both were running"
+    );
+    assert!(a.running() && b.running(), "both relays must be running");
+    let (leader, standby, standby_name) = if holder == "a" {
+        (&mut a, &mut b, "b")
+    } else {
+        (&mut b, &mut a, "a")
+    };
+    leader.sigterm();
+    let status = leader.wait_exit(Duration::from_secs(15)).await;
+    assert!(status.success(), "leader exit: {status:?}");
+
+    let tdr = &td;
+    until(
+        "the standby finished the table",
+        Duration::from_secs(30),
+        || async move { tdr.counts().await[2] == ROWS as i64 },
+    )
+    .await;
+    assert!(standby.running(), "the standby exited");
+
+    let reqs = rx.requests();
+    let counts = rx.count_by_id();
+    assert_eq!(counts.len(), ROWS, "every row received");
+    let dupes: Vec<_> = counts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(dupes.is_empty(), "rows received twice: {dupes:?}");
+    let (by_leader, by_standby): (Vec<_>, Vec<_>) = reqs
+        .iter()
+        .partition(|r| r.header("x-relay") == Some(holder.as_str()));
+    assert!(
+        by_standby
+            .iter()
+            .all(|r| r.header("x-relay") == Some(standby_name)),
+        "requests without a relay header"
+    );
+    assert!(
+        !by_leader.is_empty() && !by_standby.is_empty(),
+        "no hand-over happened"
+    );
+    // No overlap in time: the leader's last answer precedes the standby's first request.
+    let leader_last = by_leader
+        .iter()
+        .map(|r| r.answered_at.expect("leader request answered"))
+        .max()
+        .expect("leader requests");
+    let standby_first = by_standby
+        .iter()
+        .map(|r| r.at)
+        .min()
+        .expect("standby requests");
+    assert!(
+        leader_last <= standby_first,
+        "the standby delivered while the leader still had requests in flight"
+    );
+
+    standby.sigterm();
+    assert!(standby.wait_exit(Duration::from_secs(15)).await.success());
+    td.drop_table().await;
+}
+per_db!(two_relays_one_lease_never_both_deliver);
