@@ -73,19 +73,18 @@ impl SqlStore {
         })
     }
 
-    /// Age of the oldest unfinished row: the lowest id among them (the due index serves it).
+    /// Age of the oldest unfinished row, by `created_at` (an index on unfinished rows'
+    /// `created_at` makes this one index probe).
     async fn oldest_pending_ms(&self) -> anyhow::Result<Option<i64>> {
         let t = &self.table;
         Ok(self
             .sql(&format!(
-                "SELECT {} FROM {t} WHERE status IN ('PENDING', 'RETRY') ORDER BY id LIMIT 1",
-                self.dialect.age_ms("created_at")
+                "SELECT {} FROM {t} WHERE status IN ('PENDING', 'RETRY')",
+                self.dialect.age_ms("MIN(created_at)")
             ))
-            .fetch_optional(&self.pool)
+            .fetch_one(&self.pool)
             .await?
-            .map(|r| r.try_get::<Option<i64>, _>(0))
-            .transpose()?
-            .flatten())
+            .try_get::<Option<i64>, _>(0)?)
     }
 
     pub(super) async fn failed_rows(

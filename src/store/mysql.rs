@@ -28,6 +28,7 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
                 KEY {t}_due_idx (status, next_attempt_at),
                 KEY {t}_ordering_idx (ordering_key, id),
                 KEY {t}_status_idx (status, updated_at),
+                KEY {t}_age_idx (status, created_at),
                 CONSTRAINT {t}_status_chk CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED'))
             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
         ),

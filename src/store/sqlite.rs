@@ -36,6 +36,10 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
              WHERE ordering_key IS NOT NULL"
         ),
         format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
         "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
             name TEXT PRIMARY KEY,
             holder TEXT NULL,
