@@ -95,6 +95,20 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
                 l.epoch,
                 ms as f64 / 1000.0
             ),
+            // Redis (and Redlock) leases live in Redis: the row only records the epoch and
+            // who took it last, with no expiry.
+            (Some(h), None) => println!(
+                "lease {}: epoch {} taken by {h} (the live lease is kept by the {} backend; \
+                 this is the last holder recorded in the database)",
+                settings.lease.name,
+                l.epoch,
+                match settings.lease.backend {
+                    crate::config::LeaseBackend::Redis => "redis",
+                    crate::config::LeaseBackend::Redlock => "redlock",
+                    crate::config::LeaseBackend::Database => "database",
+                    crate::config::LeaseBackend::None => "none",
+                }
+            ),
             _ => println!("lease {}: free (epoch {})", settings.lease.name, l.epoch),
         },
         None => println!("lease {}: never taken", settings.lease.name),

@@ -158,13 +158,13 @@ async fn run(
             Ok(Err(e)) => {
                 failures += 1;
                 tracing::warn!(lease = lease.name(), error = %e, "lease acquire failed");
-                backoff(&stop, failures).await;
+                backoff(&stop, failures, ttl / 3).await;
                 continue;
             }
             Err(_) => {
                 failures += 1;
                 tracing::warn!(lease = lease.name(), "lease acquire timed out");
-                backoff(&stop, failures).await;
+                backoff(&stop, failures, ttl / 3).await;
                 continue;
             }
         };
@@ -176,7 +176,7 @@ async fn run(
                 Err(e) => {
                     tracing::warn!(error = %e, "could not record the lease epoch; giving the lease back");
                     let _ = lease.release().await;
-                    backoff(&stop, 1).await;
+                    backoff(&stop, 1, ttl / 3).await;
                     continue;
                 }
             },
@@ -259,10 +259,13 @@ async fn run(
     publish(&tx, LeaseState::Standby);
 }
 
-async fn backoff(stop: &CancellationToken, failures: u32) {
+/// Waits after a failed acquire: exponential, but never longer than `cap` (the renewal
+/// interval), so that after a backend outage a standby still tries at least once per renewal
+/// interval and a holder that dies is replaced within ttl + ttl/3, as when nothing failed.
+async fn backoff(stop: &CancellationToken, failures: u32, cap: Duration) {
     let d = Duration::from_millis(200) * 2u32.saturating_pow(failures.min(5));
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = tokio::time::sleep(d.min(Duration::from_secs(5))) => {}
+        _ = tokio::time::sleep(d.min(cap).min(Duration::from_secs(5))) => {}
     }
 }

@@ -1,6 +1,6 @@
 //! Per-sink pacing: a token-bucket rate limiter and a pause that throttles and config errors set.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -72,7 +72,8 @@ impl RateLimiter {
 pub struct Pause {
     /// The sink's name, the metric's label.
     sink: String,
-    until: Mutex<Option<Instant>>,
+    /// Shared with the timer that clears the pause (and its gauge) when it runs out.
+    until: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Pause {
@@ -80,7 +81,7 @@ impl Pause {
         metrics::gauge!("outbox_relay_sink_paused", "sink" => sink.to_string()).set(0.0);
         Pause {
             sink: sink.to_string(),
-            until: Mutex::new(None),
+            until: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -95,26 +96,40 @@ impl Pause {
             *g = Some(until);
             tracing::warn!(sink = %self.sink, pause_ms = d.as_millis() as u64, reason, "sink paused");
             metrics::gauge!("outbox_relay_sink_paused", "sink" => self.sink.clone()).set(1.0);
+            // Clear the pause when it runs out even if no delivery to this sink asks again
+            // (a standby, or no more rows): otherwise sink_paused would stay 1 for good.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (sink, shared) = (self.sink.clone(), self.until.clone());
+                rt.spawn(async move {
+                    tokio::time::sleep_until(until).await;
+                    clear_if_over(&sink, &shared);
+                });
+            }
         }
     }
 
     /// The time left on the pause, or `None` when the sink may send.
     pub fn remaining(&self) -> Option<Duration> {
-        let mut g = match self.until.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        };
-        let now = Instant::now();
-        match *g {
-            Some(u) if u > now => Some(u - now),
-            Some(_) => {
-                *g = None;
-                tracing::info!(sink = %self.sink, "sink resumed");
-                metrics::gauge!("outbox_relay_sink_paused", "sink" => self.sink.clone()).set(0.0);
-                None
-            }
-            None => None,
+        clear_if_over(&self.sink, &self.until)
+    }
+}
+
+/// The time left on a pause; clears it (and the gauge) once it has run out.
+fn clear_if_over(sink: &str, until: &Mutex<Option<Instant>>) -> Option<Duration> {
+    let mut g = match until.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    let now = Instant::now();
+    match *g {
+        Some(u) if u > now => Some(u - now),
+        Some(_) => {
+            *g = None;
+            tracing::info!(sink, "sink resumed");
+            metrics::gauge!("outbox_relay_sink_paused", "sink" => sink.to_string()).set(0.0);
+            None
         }
+        None => None,
     }
 }
 
@@ -144,5 +159,20 @@ mod tests {
         assert!(p.remaining().is_some());
         tokio::time::advance(Duration::from_secs(3)).await;
         assert!(p.remaining().is_none());
+    }
+
+    /// The pause (and so `sink_paused`) clears when it runs out even if nothing asks.
+    #[tokio::test(start_paused = true)]
+    async fn pause_clears_without_being_asked() {
+        let p = Pause::new("t");
+        p.pause_for(Duration::from_secs(2), "test");
+        p.pause_for(Duration::from_secs(5), "longer");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            p.until.lock().unwrap().is_some(),
+            "the longer pause still runs"
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(p.until.lock().unwrap().is_none(), "cleared by its timer");
     }
 }

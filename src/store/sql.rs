@@ -478,15 +478,18 @@ impl OutboxStore for SqlStore {
                     .or_default()
                     .push(c);
             }
-            let mut tx = self.pool.begin().await?;
+            // Each statement commits on its own (no transaction around them): a relay paused
+            // between statements (SIGSTOP, a stall) must not hold row locks that keep every
+            // other instance from re-claiming those rows, and then commit stale results when
+            // it wakes. The statements are independent and idempotent (guarded by the claim
+            // token, which they clear), so a retry after a partial failure changes nothing twice.
             let mut changed = 0;
             for ((kind, token), rows) in &groups {
                 for chunk in rows.chunks(RESULT_CHUNK) {
                     let q = self.result_statement(*kind, token, chunk);
-                    changed += q.execute(&mut *tx).await?.rows_affected();
+                    changed += q.execute(&self.pool).await?.rows_affected();
                 }
             }
-            tx.commit().await?;
             Ok(changed)
         })
     }

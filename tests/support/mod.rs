@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod receiver;
+pub mod redis;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,992 @@
+//! The operator's verbs, driven through the binary against real PostgreSQL, MariaDB and
+//! SQLite: `failed`, `requeue` (by id, `--all-failed`, `--dry-run`), `purge` (never PENDING or
+//! RETRY rows), `status`; retention (`housekeeping::purge_all`, what `run` calls every 60s);
+//! the real `/metrics` output checked by `promtool check metrics`; JSON logs without secrets.
+//!
+//! Retention inside `run` is not driven through the binary: its 60s cadence would make the
+//! test slow. `run`'s retention loop only takes a short database lease and then calls
+//! `purge_all`, which is tested here at library level with the rules retention builds.
+
+mod support;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use outbox_relay::housekeeping::{self, PURGE_BATCH};
+use outbox_relay::store::{Finished, NewRow, OutboxStore};
+use support::*;
+use tokio_util::sync::CancellationToken;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// Runs the binary with `args` against the test's table; the lease name is the table name so
+/// parallel tests never share a lease row. Runs in the test's temp dir, so no
+/// `config/relay.toml` is picked up.
+async fn cli(td: &TestDb, args: &[&str]) -> Output {
+    cli_env(td, args, &[]).await
+}
+
+/// As [`cli`], with extra environment variables.
+async fn cli_env(td: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(relay_bin());
+    cmd.envs(env.iter().copied());
+    cmd.args(args)
+        .current_dir(td.dir.path())
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
+        .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
+        .env("OUTBOX_RELAY__LEASE__NAME", &td.table)
+        .stdin(Stdio::null());
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::task::spawn_blocking(move || cmd.output()),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("outbox-relay {args:?} did not finish within 60s"))
+    .expect("join")
+    .expect("spawn outbox-relay")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs a verb that must succeed and returns its stdout.
+async fn ok(td: &TestDb, args: &[&str]) -> String {
+    let o = cli(td, args).await;
+    assert!(
+        o.status.success(),
+        "outbox-relay {args:?} exited {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        stdout(&o),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    stdout(&o)
+}
+
+async fn enqueue(td: &TestDb, channel: &str) -> i64 {
+    td.store
+        .enqueue(&NewRow {
+            channel: channel.into(),
+            payload: r#"{"n":1}"#.into(),
+            ..NewRow::default()
+        })
+        .await
+        .expect("enqueue")
+}
+
+/// A timestamp expression `days` days before the database's now.
+fn days_ago(db: Db, days: u32) -> String {
+    match db {
+        Db::Postgres => format!("(now() - interval '{days} days')"),
+        Db::MySql => format!("(NOW(6) - INTERVAL {days} DAY)"),
+        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','-{days} days')"),
+    }
+}
+
+/// Sets a row's status (and attempts / last error) directly, as a relay would have left it.
+async fn set(td: &TestDb, id: i64, status: &str, attempts: i64, error: Option<&str>) {
+    let error = error.map_or("NULL".to_string(), |e| format!("'{e}'"));
+    td.exec(&format!(
+        "UPDATE {{t}} SET status = '{status}', attempts = {attempts}, last_error = {error}
+         WHERE id = {id}"
+    ))
+    .await;
+}
+
+/// Makes a row look last touched (and created) `days` days ago.
+async fn age(td: &TestDb, id: i64, days: u32) {
+    let t = days_ago(td.db, days);
+    td.exec(&format!(
+        "UPDATE {{t}} SET updated_at = {t}, created_at = {t} WHERE id = {id}"
+    ))
+    .await;
+}
+
+async fn status_of(td: &TestDb, id: i64) -> Option<(String, i64)> {
+    use sqlx::Row;
+    let sql = format!("SELECT status, attempts FROM {} WHERE id = {id}", td.table);
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_optional(td.store.pool())
+        .await
+        .expect("select")
+        .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1)))
+}
+
+async fn exists(td: &TestDb, id: i64) -> bool {
+    td.scalar(&format!("SELECT COUNT(*) FROM {{t}} WHERE id = {id}"))
+        .await
+        == 1
+}
+
+/// The `failed` table's rows: (id, channel, attempts, last error).
+fn failed_rows(out: &str) -> Vec<(i64, String, i64, String)> {
+    out.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let id = w.next()?.parse().ok()?;
+            let channel = w.next()?.to_string();
+            let attempts = w.next()?.parse().ok()?;
+            let _date = w.next()?;
+            let _time = w.next()?;
+            Some((id, channel, attempts, w.collect::<Vec<_>>().join(" ")))
+        })
+        .collect()
+}
+
+per_db!(failed_lists_reasons_and_attempts);
+async fn failed_lists_reasons_and_attempts(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_failed").await else {
+        return;
+    };
+    let a1 = enqueue(&td, "alpha").await;
+    let a2 = enqueue(&td, "alpha").await;
+    let b1 = enqueue(&td, "beta").await;
+    let pending = enqueue(&td, "beta").await;
+    let done = enqueue(&td, "alpha").await;
+    set(&td, a1, "FAILED", 3, Some("410 Gone: subscriber deleted")).await;
+    set(&td, a2, "FAILED", 10, Some("503 after 10 attempts")).await;
+    set(&td, b1, "FAILED", 1, Some("payload is not JSON")).await;
+    set(&td, done, "SUCCESS", 1, None).await;
+
+    let out = ok(&td, &["failed"]).await;
+    let rows = failed_rows(&out);
+    assert_eq!(
+        rows,
+        vec![
+            (b1, "beta".into(), 1, "payload is not JSON".into()),
+            (a2, "alpha".into(), 10, "503 after 10 attempts".into()),
+            (a1, "alpha".into(), 3, "410 Gone: subscriber deleted".into()),
+        ],
+        "newest first, with attempts and reason:\n{out}"
+    );
+    assert!(!rows.iter().any(|r| r.0 == pending || r.0 == done));
+
+    let out = ok(&td, &["failed", "--channel", "alpha"]).await;
+    let ids: Vec<i64> = failed_rows(&out).iter().map(|r| r.0).collect();
+    assert_eq!(ids, vec![a2, a1], "--channel alpha:\n{out}");
+
+    let out = ok(&td, &["failed", "--limit", "1"]).await;
+    let ids: Vec<i64> = failed_rows(&out).iter().map(|r| r.0).collect();
+    assert_eq!(ids, vec![b1], "--limit 1:\n{out}");
+
+    let out = ok(&td, &["failed", "--channel", "nosuch"]).await;
+    assert!(out.contains("no FAILED rows"), "{out}");
+    td.drop_table().await;
+}
+
+per_db!(requeue_by_id_touches_only_failed_rows);
+async fn requeue_by_id_touches_only_failed_rows(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_rq_id").await else {
+        return;
+    };
+    let pending = enqueue(&td, "alpha").await;
+    let retry = enqueue(&td, "alpha").await;
+    let success = enqueue(&td, "alpha").await;
+    let f1 = enqueue(&td, "alpha").await;
+    let f2 = enqueue(&td, "beta").await;
+    let untouched = enqueue(&td, "beta").await;
+    set(&td, retry, "RETRY", 2, Some("503")).await;
+    set(&td, success, "SUCCESS", 1, None).await;
+    set(&td, f1, "FAILED", 10, Some("503 after 10 attempts")).await;
+    set(&td, f2, "FAILED", 1, Some("410 Gone")).await;
+    set(&td, untouched, "FAILED", 4, Some("400")).await;
+    let missing = untouched + 1000;
+
+    // Ids that are not FAILED: nothing changes, and the output says so for each.
+    let ids = format!("{pending},{retry},{success},{missing}");
+    let out = ok(&td, &["requeue", "--id", &ids]).await;
+    assert!(
+        out.contains(&format!("row {pending} is PENDING, not FAILED")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("row {retry} is RETRY, not FAILED")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("row {success} is SUCCESS, not FAILED")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("row {missing} does not exist")),
+        "{out}"
+    );
+    assert!(out.contains("requeued 0 FAILED row(s)"), "{out}");
+    assert_eq!(status_of(&td, pending).await, Some(("PENDING".into(), 0)));
+    assert_eq!(status_of(&td, retry).await, Some(("RETRY".into(), 2)));
+    assert_eq!(status_of(&td, success).await, Some(("SUCCESS".into(), 1)));
+    assert_eq!(td.counts().await, [1, 1, 1, 3]);
+
+    // FAILED ids (comma-separated and repeated forms both work): back to PENDING with a
+    // fresh attempt budget; a non-FAILED id in the same call stays as it was.
+    let (a, b) = (f1.to_string(), f2.to_string());
+    let out = ok(
+        &td,
+        &[
+            "requeue",
+            "--id",
+            &a,
+            "--id",
+            &b,
+            "--id",
+            &success.to_string(),
+        ],
+    )
+    .await;
+    assert!(out.contains("requeued 2 FAILED row(s)"), "{out}");
+    assert!(
+        out.contains(&format!("row {success} is SUCCESS, not FAILED")),
+        "{out}"
+    );
+    assert_eq!(status_of(&td, f1).await, Some(("PENDING".into(), 0)));
+    assert_eq!(status_of(&td, f2).await, Some(("PENDING".into(), 0)));
+    assert_eq!(status_of(&td, success).await, Some(("SUCCESS".into(), 1)));
+    assert_eq!(status_of(&td, untouched).await, Some(("FAILED".into(), 4)));
+    let unclaimed = td
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM {{t}} WHERE id IN ({f1}, {f2}) AND claim_token IS NULL
+             AND claimed_by IS NULL AND claimed_until IS NULL"
+        ))
+        .await;
+    assert_eq!(unclaimed, 2, "requeued rows carry no claim");
+    // Requeued rows are due now.
+    let due = td
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM {{t}} WHERE id IN ({f1}, {f2}) AND next_attempt_at <= {}",
+            td.store.dialect().now()
+        ))
+        .await;
+    assert_eq!(due, 2, "requeued rows are due at once");
+
+    // Requeueing them again: they are PENDING now, so nothing happens.
+    let out = ok(&td, &["requeue", "--id", &a]).await;
+    assert!(out.contains("requeued 0 FAILED row(s)"), "{out}");
+    assert!(
+        out.contains(&format!("row {f1} is PENDING, not FAILED")),
+        "{out}"
+    );
+    td.drop_table().await;
+}
+
+per_db!(requeue_all_failed_with_channel_and_dry_run);
+async fn requeue_all_failed_with_channel_and_dry_run(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_rq_all").await else {
+        return;
+    };
+    let mut alpha = Vec::new();
+    for _ in 0..3 {
+        let id = enqueue(&td, "alpha").await;
+        set(&td, id, "FAILED", 5, Some("503")).await;
+        alpha.push(id);
+    }
+    let mut beta = Vec::new();
+    for _ in 0..2 {
+        let id = enqueue(&td, "beta").await;
+        set(&td, id, "FAILED", 5, Some("503")).await;
+        beta.push(id);
+    }
+    let pending = enqueue(&td, "alpha").await;
+
+    let out = ok(
+        &td,
+        &["requeue", "--all-failed", "--channel", "alpha", "--dry-run"],
+    )
+    .await;
+    assert!(out.contains("would requeue 3 FAILED row(s)"), "{out}");
+    assert_eq!(td.counts().await, [1, 0, 0, 5], "--dry-run changed rows");
+    for id in &alpha {
+        assert_eq!(status_of(&td, *id).await, Some(("FAILED".into(), 5)));
+    }
+
+    let out = ok(&td, &["requeue", "--all-failed", "--dry-run"]).await;
+    assert!(out.contains("would requeue 5 FAILED row(s)"), "{out}");
+    assert_eq!(td.counts().await, [1, 0, 0, 5], "--dry-run changed rows");
+
+    let out = ok(&td, &["requeue", "--all-failed", "--channel", "alpha"]).await;
+    assert!(out.contains("requeued 3 FAILED row(s)"), "{out}");
+    for id in &alpha {
+        assert_eq!(status_of(&td, *id).await, Some(("PENDING".into(), 0)));
+    }
+    for id in &beta {
+        assert_eq!(status_of(&td, *id).await, Some(("FAILED".into(), 5)));
+    }
+    assert_eq!(status_of(&td, pending).await, Some(("PENDING".into(), 0)));
+
+    // Usage errors exit 2 and change nothing: --channel needs --all-failed; one of --id or
+    // --all-failed is required.
+    let o = cli(&td, &["requeue", "--channel", "beta"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let o = cli(&td, &["requeue"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert_eq!(td.counts().await, [4, 0, 0, 2]);
+    td.drop_table().await;
+}
+
+per_db!(purge_never_deletes_pending_or_retry_rows);
+async fn purge_never_deletes_pending_or_retry_rows(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_purge").await else {
+        return;
+    };
+    let old_pending = enqueue(&td, "alpha").await;
+    let old_retry = enqueue(&td, "alpha").await;
+    let old_success = enqueue(&td, "alpha").await;
+    let new_success = enqueue(&td, "alpha").await;
+    let old_failed = enqueue(&td, "alpha").await;
+    let new_failed = enqueue(&td, "alpha").await;
+    set(&td, old_retry, "RETRY", 3, Some("503")).await;
+    set(&td, old_success, "SUCCESS", 1, None).await;
+    set(&td, new_success, "SUCCESS", 1, None).await;
+    set(&td, old_failed, "FAILED", 10, Some("503")).await;
+    set(&td, new_failed, "FAILED", 10, Some("503")).await;
+    for id in [old_pending, old_retry, old_success, old_failed] {
+        age(&td, id, 30).await;
+    }
+
+    // Default status SUCCESS: only the old SUCCESS row goes.
+    let out = ok(&td, &["purge", "--older-than", "7d"]).await;
+    assert!(out.contains("deleted 1 SUCCESS row(s)"), "{out}");
+    assert!(!exists(&td, old_success).await);
+    for id in [old_pending, old_retry, new_success, old_failed, new_failed] {
+        assert!(exists(&td, id).await, "row {id} was deleted:\n{out}");
+    }
+
+    // FAILED rows only when asked for.
+    let out = ok(&td, &["purge", "--older-than", "7d", "--status", "FAILED"]).await;
+    assert!(out.contains("deleted 1 FAILED row(s)"), "{out}");
+    assert!(!exists(&td, old_failed).await);
+    for id in [old_pending, old_retry, new_success, new_failed] {
+        assert!(exists(&td, id).await, "row {id} was deleted:\n{out}");
+    }
+
+    // Even a zero age never reaches unfinished rows.
+    ok(&td, &["purge", "--older-than", "0s"]).await;
+    ok(&td, &["purge", "--older-than", "0s", "--status", "FAILED"]).await;
+    assert_eq!(td.counts().await, [1, 1, 0, 0]);
+    assert!(exists(&td, old_pending).await && exists(&td, old_retry).await);
+
+    // PENDING / RETRY cannot even be named; a bad duration is a usage error.
+    for args in [
+        &["purge", "--older-than", "7d", "--status", "PENDING"][..],
+        &["purge", "--older-than", "7d", "--status", "RETRY"][..],
+        &["purge", "--older-than", "soon"][..],
+        &["purge"][..],
+    ] {
+        let o = cli(&td, args).await;
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stdout(&o));
+    }
+    assert_eq!(td.counts().await, [1, 1, 0, 0]);
+    td.drop_table().await;
+}
+
+per_db!(status_shows_counts_oldest_pending_and_lease);
+async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_status").await else {
+        return;
+    };
+    let out = ok(&td, &["status"]).await;
+    assert!(out.contains("no rows"), "{out}");
+    assert!(out.contains("oldest pending: none"), "{out}");
+    assert!(out.contains("never taken"), "{out}");
+
+    let mut ids = Vec::new();
+    for ch in ["alpha", "alpha", "alpha", "beta", "beta", "alpha"] {
+        ids.push(enqueue(&td, ch).await);
+    }
+    set(&td, ids[1], "SUCCESS", 1, None).await;
+    set(&td, ids[2], "FAILED", 10, Some("503")).await;
+    set(&td, ids[3], "RETRY", 2, Some("503")).await;
+    // The oldest unfinished row was created an hour ago.
+    let hour_ago = match db {
+        Db::Postgres => "(now() - interval '1 hour')",
+        Db::MySql => "(NOW(6) - INTERVAL 1 HOUR)",
+        Db::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now','-3600 seconds')",
+    };
+    td.exec(&format!(
+        "UPDATE {{t}} SET created_at = {hour_ago} WHERE id = {}",
+        ids[0]
+    ))
+    .await;
+    let epoch = td
+        .store
+        .lease_acquire(&td.table, "relay-a:42", Duration::from_secs(60))
+        .await
+        .expect("lease_acquire")
+        .expect("lease free");
+
+    let out = ok(&td, &["status"]).await;
+    let mut counts = Vec::new();
+    for l in out.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        if w.len() == 3 && ["PENDING", "RETRY", "SUCCESS", "FAILED"].contains(&w[0]) {
+            counts.push((
+                w[0].to_string(),
+                w[1].to_string(),
+                w[2].parse::<i64>().unwrap(),
+            ));
+        }
+    }
+    counts.sort();
+    let expected: Vec<(String, String, i64)> = [
+        ("FAILED", "alpha", 1),
+        ("PENDING", "alpha", 2),
+        ("PENDING", "beta", 1),
+        ("RETRY", "beta", 1),
+        ("SUCCESS", "alpha", 1),
+    ]
+    .iter()
+    .map(|(s, c, n)| (s.to_string(), c.to_string(), *n))
+    .collect();
+    assert_eq!(counts, expected, "counts per status and channel:\n{out}");
+
+    let oldest: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("oldest pending: "))
+        .and_then(|s| s.strip_suffix('s'))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no oldest pending age in:\n{out}"));
+    assert!(
+        (3590.0..3700.0).contains(&oldest),
+        "oldest pending {oldest}s, expected about an hour:\n{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "lease {}: held by relay-a:42, epoch {epoch},",
+            td.table
+        )),
+        "lease holder and epoch:\n{out}"
+    );
+
+    // Released: free, and the epoch stays.
+    td.store
+        .lease_release(&td.table, "relay-a:42", epoch)
+        .await
+        .expect("release");
+    let out = ok(&td, &["status"]).await;
+    assert!(
+        out.contains(&format!("lease {}: free (epoch {epoch})", td.table)),
+        "{out}"
+    );
+
+    // A Redis-lease holder records itself and the new epoch in the database with no expiry:
+    // status names it instead of calling the lease free.
+    let redis_epoch = td
+        .store
+        .advance_epoch(&td.table, "relay-b:7")
+        .await
+        .expect("advance_epoch");
+    assert_eq!(redis_epoch, epoch + 1);
+    let o = cli_env(
+        &td,
+        &["status"],
+        &[
+            ("OUTBOX_RELAY__LEASE__BACKEND", "redis"),
+            ("OUTBOX_RELAY__LEASE__REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    )
+    .await;
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "lease {}: epoch {redis_epoch} taken by relay-b:7 (the live lease is kept by the redis backend",
+            td.table
+        )),
+        "{out}"
+    );
+    td.drop_table().await;
+}
+
+per_db!(retention_purge_all_deletes_only_old_finished_rows);
+/// What retention inside `run` does on each pass (see the module comment).
+async fn retention_purge_all_deletes_only_old_finished_rows(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_retention").await else {
+        return;
+    };
+    // More old SUCCESS rows than one batch, so purge_all must loop.
+    let n_old = PURGE_BATCH as usize * 2 + 37;
+    let values = vec!["('alpha', '{}')"; n_old].join(", ");
+    td.exec(&format!(
+        "INSERT INTO {{t}} (channel, payload) VALUES {values}"
+    ))
+    .await;
+    td.exec(&format!(
+        "UPDATE {{t}} SET status = 'SUCCESS', updated_at = {}",
+        days_ago(db, 10)
+    ))
+    .await;
+    let fresh_success = enqueue(&td, "alpha").await;
+    set(&td, fresh_success, "SUCCESS", 1, None).await;
+    let old_pending = enqueue(&td, "alpha").await;
+    let old_retry = enqueue(&td, "alpha").await;
+    set(&td, old_retry, "RETRY", 3, Some("503")).await;
+    let failed_10d = enqueue(&td, "alpha").await;
+    set(&td, failed_10d, "FAILED", 10, Some("503")).await;
+    let failed_40d = enqueue(&td, "alpha").await;
+    set(&td, failed_40d, "FAILED", 10, Some("503")).await;
+    for id in [old_pending, old_retry] {
+        age(&td, id, 400).await;
+    }
+    age(&td, failed_10d, 10).await;
+    age(&td, failed_40d, 40).await;
+
+    let store = td.dyn_store();
+    // The rules retention builds from success_after = "7d", failed_after = "30d".
+    let rules = [(Finished::Success, 7 * DAY), (Finished::Failed, 30 * DAY)];
+
+    // Stopped before it starts: deletes nothing.
+    let stopped = CancellationToken::new();
+    stopped.cancel();
+    let n = housekeeping::purge_all(store.as_ref(), &rules, &stopped, Duration::from_secs(60))
+        .await
+        .expect("purge_all");
+    assert_eq!(n, 0);
+
+    let n = housekeeping::purge_all(
+        store.as_ref(),
+        &rules,
+        &CancellationToken::new(),
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("purge_all");
+    assert_eq!(
+        n,
+        n_old as u64 + 1,
+        "old SUCCESS rows and the 40-day FAILED row"
+    );
+    assert_eq!(td.counts().await, [1, 1, 1, 1]);
+    for id in [fresh_success, old_pending, old_retry, failed_10d] {
+        assert!(exists(&td, id).await, "row {id} was deleted");
+    }
+    assert!(!exists(&td, failed_40d).await);
+
+    // Idempotent: a second pass finds nothing.
+    let n = housekeeping::purge_all(
+        store.as_ref(),
+        &rules,
+        &CancellationToken::new(),
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("purge_all");
+    assert_eq!(n, 0);
+    td.drop_table().await;
+}
+
+/// Kills the child when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn get(url: &str) -> Option<(u16, String)> {
+    outbox_relay::install_crypto_provider();
+    let resp = reqwest::get(url).await.ok()?;
+    let status = resp.status().as_u16();
+    Some((status, resp.text().await.ok()?))
+}
+
+/// Runs `promtool` with `args` and `input` on stdin; `None` when promtool is not installed.
+fn promtool(args: &[&str], input: &str) -> Option<Output> {
+    use std::io::Write;
+    let mut child = match Command::new("promtool")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => panic!("cannot run promtool: {e}"),
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    Some(child.wait_with_output().unwrap())
+}
+
+/// The real `/metrics` output of a relay that delivered a row passes `promtool check metrics`
+/// (SPEC section 9), and carries every SPEC metric name.
+#[tokio::test]
+async fn metrics_output_passes_promtool_check() {
+    if promtool(&["--version"], "").is_none() {
+        assert!(
+            !services_required(),
+            "promtool is required (OUTBOX_RELAY_REQUIRE_SERVICES=1) but not on PATH; \
+             install the Debian package `prometheus`"
+        );
+        eprintln!("SKIPPED: promtool not on PATH (Debian package `prometheus`)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let out = Command::new(relay_bin())
+        .args(["enqueue", "--channel", "log", "--payload", r#"{"hi":1}"#])
+        .current_dir(dir.path())
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _relay = Child(
+        Command::new(relay_bin())
+            .arg("run")
+            .current_dir(dir.path())
+            .env_remove("OUTBOX_RELAY_CONFIG")
+            .env("OUTBOX_RELAY__HTTP__LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn relay"),
+    );
+    let until = Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        if let Some((200, body)) = get(&format!("{base}/metrics")).await
+            && body.contains(r#"outbox_relay_deliveries_total{sink="log",outcome="delivered"} 1"#)
+            && body.contains(r#"outbox_relay_rows{status="#)
+        {
+            break body;
+        }
+        assert!(
+            Instant::now() < until,
+            "no delivery seen on /metrics within 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for name in [
+        "deliveries_total",
+        "delivery_duration_seconds",
+        "end_to_end_seconds",
+        "claimed_total",
+        "claim_duration_seconds",
+        "in_flight",
+        "rows",
+        "oldest_pending_seconds",
+        "ordering_blocked_keys",
+        "lease_held",
+        "lease_epoch",
+        "lease_acquisitions_total",
+        "sink_paused",
+        "build_info",
+    ] {
+        assert!(
+            metrics.contains(&format!("# TYPE outbox_relay_{name} ")),
+            "no outbox_relay_{name} in:\n{metrics}"
+        );
+    }
+    let checked = promtool(&["check", "metrics"], &metrics).expect("promtool");
+    assert!(
+        checked.status.success(),
+        "promtool check metrics failed ({:?}):\n{}{}\n--- metrics ---\n{metrics}",
+        checked.status.code(),
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
+/// `log.format = "json"`: every log line is one JSON object, and neither the database
+/// password nor a webhook secret appears in the logs or in `check-config`.
+#[tokio::test]
+async fn json_logs_never_show_secrets() {
+    const PASSWORD: &str = "pw-do-not-log-71";
+    const SECRET: &str = "whsec_ZG8tbm90LWxvZy10aGlzLXNlY3JldA==";
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let env = [
+        (
+            "OUTBOX_RELAY__DATABASE__URL",
+            format!("postgres://app:{PASSWORD}@127.0.0.1:1/test"),
+        ),
+        ("OUTBOX_RELAY__DATABASE__CONNECT_TIMEOUT", "300ms".into()),
+        ("OUTBOX_RELAY__LOG__FORMAT", "json".into()),
+        ("OUTBOX_RELAY__LOG__LEVEL", "debug".into()),
+        ("OUTBOX_RELAY__HTTP__LISTEN", format!("127.0.0.1:{port}")),
+        ("OUTBOX_RELAY__SINKS__HOOK__KIND", "webhook".into()),
+        (
+            "OUTBOX_RELAY__SINKS__HOOK__URL",
+            "http://127.0.0.1:1/hook".into(),
+        ),
+        ("OUTBOX_RELAY__SINKS__HOOK__SECRET", SECRET.into()),
+    ];
+    let mut cmd = Command::new(relay_bin());
+    cmd.arg("check-config")
+        .current_dir(dir.path())
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env_remove("RUST_LOG");
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(!text.contains(PASSWORD) && !text.contains(SECRET), "{text}");
+
+    // `run` against an unreachable database logs its retries; then SIGTERM.
+    let mut cmd = Command::new(relay_bin());
+    cmd.arg("run")
+        .current_dir(dir.path())
+        .env_remove("OUTBOX_RELAY_CONFIG")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in &env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().expect("spawn relay");
+    let pid = child.id();
+    let until = Instant::now() + Duration::from_secs(20);
+    while get(&format!("http://127.0.0.1:{port}/healthz"))
+        .await
+        .is_none()
+    {
+        assert!(Instant::now() < until, "relay did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A few connection attempts (500ms, 1s backoff).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let logs = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = logs.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        lines.len() >= 2,
+        "expected start-up and retry log lines:\n{logs}"
+    );
+    for l in &lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("log line is not JSON ({e}): {l}"));
+        assert!(
+            v.get("level").is_some() && v.get("timestamp").is_some(),
+            "{l}"
+        );
+    }
+    assert!(
+        logs.contains("database unavailable") && logs.contains("app:***@127.0.0.1:1"),
+        "the retry log names the redacted URL:\n{logs}"
+    );
+    assert!(!logs.contains(PASSWORD), "password logged:\n{logs}");
+    assert!(!logs.contains(SECRET), "webhook secret logged:\n{logs}");
+}
+
+/// A file of the repository, by path from its root.
+fn repo_file(path: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Skips (returns false) when promtool is missing, unless services are required.
+fn have_promtool() -> bool {
+    if promtool(&["--version"], "").is_some() {
+        return true;
+    }
+    assert!(
+        !services_required(),
+        "promtool is required (OUTBOX_RELAY_REQUIRE_SERVICES=1) but not on PATH; \
+         install the Debian package `prometheus`"
+    );
+    eprintln!("SKIPPED: promtool not on PATH (Debian package `prometheus`)");
+    false
+}
+
+/// Every metric the relay exports (SPEC section 9 plus `ordering_blocked_keys`).
+const METRICS: &[&str] = &[
+    "deliveries_total",
+    "delivery_duration_seconds",
+    "end_to_end_seconds",
+    "claimed_total",
+    "claim_duration_seconds",
+    "in_flight",
+    "rows",
+    "oldest_pending_seconds",
+    "ordering_blocked_keys",
+    "lease_held",
+    "lease_epoch",
+    "lease_acquisitions_total",
+    "lease_renewals_total",
+    "lease_lost_total",
+    "sink_paused",
+    "build_info",
+];
+
+/// The `outbox_relay_*` names `text` mentions that the relay does not export.
+fn unknown_metrics(text: &str) -> Vec<String> {
+    let mut unknown = Vec::new();
+    for (i, _) in text.match_indices("outbox_relay_") {
+        let name: String = text[i + "outbox_relay_".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        if !METRICS.contains(&base) && !unknown.contains(&name) {
+            unknown.push(name);
+        }
+    }
+    unknown
+}
+
+fn run_promtool(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run promtool");
+    assert!(
+        out.status.success(),
+        "promtool {args:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// deploy/prometheus/alerts.yml passes `promtool check rules`, its expressions pass the unit
+/// tests in alerts_test.yml, it names only exported metrics, and the PrometheusRule in
+/// deploy/kubernetes carries exactly the same groups.
+#[test]
+fn alert_rules_pass_promtool_and_match_the_prometheusrule() {
+    let alerts = repo_file("deploy/prometheus/alerts.yml");
+    assert_eq!(unknown_metrics(&alerts), Vec::<String>::new());
+    let groups = &alerts[alerts.find("\ngroups:").expect("groups:") + 1..];
+    let rule = repo_file("deploy/kubernetes/base/prometheusrule.yaml");
+    let spec = &rule[rule.find("\nspec:\n").expect("spec:") + "\nspec:\n".len()..];
+    let dedented: String = spec
+        .lines()
+        .map(|l| format!("{}\n", l.strip_prefix("  ").unwrap_or(l)))
+        .collect();
+    if dedented != groups {
+        let (n, (a, b)) = groups
+            .lines()
+            .chain(std::iter::repeat("<end of file>"))
+            .zip(dedented.lines().chain(std::iter::repeat("<end of file>")))
+            .enumerate()
+            .find(|(_, (a, b))| a != b)
+            .expect("a differing line");
+        panic!(
+            "deploy/kubernetes/base/prometheusrule.yaml's spec must be deploy/prometheus/alerts.yml's \
+             groups indented by two spaces; line {} of the groups differs:\n  alerts.yml:     {a}\n  \
+             prometheusrule: {b}",
+            n + 1
+        );
+    }
+    if !have_promtool() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    run_promtool(root, &["check", "rules", "deploy/prometheus/alerts.yml"]);
+    // promtool test rules compares annotations too; test the expressions on a copy without
+    // them (their templates were checked just above).
+    let mut stripped = String::new();
+    let mut skip_deeper_than: Option<usize> = None;
+    for line in alerts.lines() {
+        let indent = line.len() - line.trim_start().len();
+        if let Some(level) = skip_deeper_than {
+            if line.trim().is_empty() || indent > level {
+                continue;
+            }
+            skip_deeper_than = None;
+        }
+        if line.trim() == "annotations:" {
+            skip_deeper_than = Some(indent);
+            continue;
+        }
+        stripped.push_str(line);
+        stripped.push('\n');
+    }
+    assert!(!stripped.contains("description:"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("alerts.yml"), stripped).unwrap();
+    std::fs::write(
+        dir.path().join("alerts_test.yml"),
+        repo_file("deploy/prometheus/alerts_test.yml"),
+    )
+    .unwrap();
+    run_promtool(dir.path(), &["check", "rules", "alerts.yml"]);
+    run_promtool(dir.path(), &["test", "rules", "alerts_test.yml"]);
+}
+
+/// The Grafana dashboard is JSON, names only exported metrics, and every query parses as
+/// PromQL (checked by promtool as recording rules, Grafana variables filled in).
+#[test]
+fn dashboard_is_json_and_its_queries_parse() {
+    let text = repo_file("deploy/grafana/outbox-relay.json");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("dashboard is JSON");
+    assert_eq!(dash["uid"], "outbox-relay");
+    let mut exprs = Vec::new();
+    fn collect(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::String(e)) = m.get("expr") {
+                    out.push(e.clone());
+                }
+                m.values().for_each(|v| collect(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| collect(v, out)),
+            _ => {}
+        }
+    }
+    collect(&dash, &mut exprs);
+    assert!(exprs.len() >= 15, "only {} queries", exprs.len());
+    assert_eq!(unknown_metrics(&exprs.join("\n")), Vec::<String>::new());
+    for m in [
+        "delivery_duration_seconds_bucket",
+        "end_to_end_seconds_bucket",
+    ] {
+        assert!(
+            exprs
+                .iter()
+                .any(|e| e.contains(m) && e.contains("histogram_quantile")),
+            "no quantile of {m}"
+        );
+    }
+    if !have_promtool() {
+        return;
+    }
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, e) in exprs.iter().enumerate() {
+        let e = e
+            .replace("$__rate_interval", "1m")
+            .replace("$job", ".*")
+            .replace("$instance", ".*");
+        rules.push_str(&format!(
+            "      - record: dashboard:q{i}\n        expr: {}\n",
+            serde_json::to_string(&e).unwrap()
+        ));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dashboard.yml"), rules).unwrap();
+    run_promtool(dir.path(), &["check", "rules", "dashboard.yml"]);
+}
