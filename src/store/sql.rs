@@ -67,15 +67,29 @@ impl SqlStore {
         } else {
             options
         };
+        // A relay paused inside a transaction (SIGSTOP, a stall) must not keep its locks for
+        // as long as it is stopped: the server ends such a session after IDLE_TX_TIMEOUT.
+        // (MySQL 8 has no such setting; only its claim and migrations use transactions.)
         let options = match dialect {
             Dialect::MySql { .. } => options.after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
+                    // MariaDB only; MySQL refuses the unknown variable, which is harmless.
+                    let _ = conn
+                        .execute("SET SESSION idle_transaction_timeout = 5")
+                        .await;
                     Ok(())
                 })
             }),
-            _ => options,
+            Dialect::Postgres => options.after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET idle_in_transaction_session_timeout = '5s'")
+                        .await?;
+                    Ok(())
+                })
+            }),
+            Dialect::Sqlite => options,
         };
         let pool = options.connect(url).await?;
         match dialect {
@@ -356,6 +370,44 @@ impl SqlStore {
         q
     }
 
+    /// `UPDATE outbox_relay_lease SET {set}, epoch = epoch + 1 WHERE {filter}` and the new
+    /// epoch, in ONE statement: a relay paused mid-transaction would otherwise hold the lease
+    /// row's lock, and every fenced claim waits on that lock. PostgreSQL and SQLite return the
+    /// epoch with RETURNING; MySQL reports it as the statement's LAST_INSERT_ID.
+    async fn bump_epoch(
+        &self,
+        set: &str,
+        filter: &str,
+        binds: impl FnOnce(AnyQuery<'static>) -> AnyQuery<'static>,
+    ) -> anyhow::Result<Option<i64>> {
+        match self.dialect {
+            Dialect::MySql { .. } => {
+                let r = binds(self.sql(&format!(
+                    "UPDATE outbox_relay_lease SET {set}, epoch = LAST_INSERT_ID(epoch + 1)
+                     WHERE {filter}"
+                )))
+                .execute(&self.pool)
+                .await?;
+                if r.rows_affected() == 0 {
+                    return Ok(None);
+                }
+                let epoch = r
+                    .last_insert_id()
+                    .ok_or_else(|| anyhow::anyhow!("the server did not report the new epoch"))?;
+                Ok(Some(epoch))
+            }
+            _ => {
+                let row = binds(self.sql(&format!(
+                    "UPDATE outbox_relay_lease SET {set}, epoch = epoch + 1 WHERE {filter}
+                     RETURNING epoch"
+                )))
+                .fetch_optional(&self.pool)
+                .await?;
+                Ok(row.map(|r| r.try_get::<i64, _>(0)).transpose()?)
+            }
+        }
+    }
+
     async fn ensure_lease_row(&self, name: &str) -> anyhow::Result<()> {
         if self.lease_rows_ready.lock().is_ok_and(|s| s.contains(name)) {
             return Ok(());
@@ -564,32 +616,17 @@ impl OutboxStore for SqlStore {
         Box::pin(async move {
             self.ensure_lease_row(name).await?;
             let d = self.dialect;
-            let mut tx = self.pool.begin().await?;
-            let taken = self
-                .sql(&format!(
-                    "UPDATE outbox_relay_lease SET holder = ?, lease_until = {plus}, epoch = epoch + 1
-                     WHERE name = ? AND (holder IS NULL OR lease_until IS NULL OR lease_until < {now})",
-                    plus = d.now_plus_ms(),
-                    now = d.now()
-                ))
-                .bind(holder.to_string())
-                .bind(ttl.as_millis() as i64)
-                .bind(name.to_string())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-            if taken == 0 {
-                tx.rollback().await?;
-                return Ok(None);
-            }
-            let epoch: i64 = self
-                .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ?")
-                .bind(name.to_string())
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get(0)?;
-            tx.commit().await?;
-            Ok(Some(epoch))
+            let set = format!("holder = ?, lease_until = {plus}", plus = d.now_plus_ms());
+            let filter = format!(
+                "name = ? AND (holder IS NULL OR lease_until IS NULL OR lease_until < {now})",
+                now = d.now()
+            );
+            let binds = |q: AnyQuery<'static>| {
+                q.bind(holder.to_string())
+                    .bind(ttl.as_millis() as i64)
+                    .bind(name.to_string())
+            };
+            self.bump_epoch(&set, &filter, binds).await
         })
     }
 
@@ -645,23 +682,10 @@ impl OutboxStore for SqlStore {
     ) -> BoxFuture<'a, anyhow::Result<i64>> {
         Box::pin(async move {
             self.ensure_lease_row(name).await?;
-            let mut tx = self.pool.begin().await?;
-            self.sql(
-                "UPDATE outbox_relay_lease SET epoch = epoch + 1, holder = ?, lease_until = NULL
-                 WHERE name = ?",
-            )
-            .bind(holder.to_string())
-            .bind(name.to_string())
-            .execute(&mut *tx)
-            .await?;
-            let epoch: i64 = self
-                .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ?")
-                .bind(name.to_string())
-                .fetch_one(&mut *tx)
+            let binds = |q: AnyQuery<'static>| q.bind(holder.to_string()).bind(name.to_string());
+            self.bump_epoch("holder = ?, lease_until = NULL", "name = ?", binds)
                 .await?
-                .try_get(0)?;
-            tx.commit().await?;
-            Ok(epoch)
+                .ok_or_else(|| anyhow::anyhow!("lease row {name} vanished"))
         })
     }
 }
