@@ -9,6 +9,8 @@
 //!   same on every attempt (G3);
 //! - secrets are never put into an outcome's reason.
 
+pub mod alimtalk;
+pub mod fcm;
 mod limits;
 mod log;
 mod spec;
@@ -118,6 +120,10 @@ impl SinkRegistry {
                 SinkKind::Log => Arc::new(log::LogSink::new(name)),
                 SinkKind::Webhook(cfg) => {
                     Arc::new(webhook::WebhookSink::new(name, cfg, spec.common.timeout)?)
+                }
+                SinkKind::Fcm(cfg) => Arc::new(fcm::FcmSink::new(name, cfg, spec.common.timeout)?),
+                SinkKind::Alimtalk(cfg) => {
+                    Arc::new(alimtalk::AlimtalkSink::new(name, cfg, spec.common.timeout)?)
                 }
             };
             let handle = SinkHandle {

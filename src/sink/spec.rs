@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::alimtalk::AlimtalkConfig;
+use super::fcm::FcmConfig;
 use super::webhook::WebhookConfig;
 use crate::config::{ConfigError, RetrySettings, duration};
 
@@ -35,7 +37,7 @@ pub struct SinkSpec {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkCommon {
-    /// `webhook`, `log` (and later `fcm`, `alimtalk`).
+    /// `webhook`, `fcm`, `alimtalk` or `log`.
     pub kind: String,
     /// Longest a single delivery may take, connect to last byte.
     #[serde(
@@ -87,6 +89,10 @@ pub enum SinkKind {
     Log,
     /// POSTs to an HTTP endpoint with Standard Webhooks headers.
     Webhook(WebhookConfig),
+    /// Firebase Cloud Messaging HTTP v1.
+    Fcm(FcmConfig),
+    /// Kakao Alimtalk through a vendor (NHN Cloud or Solapi).
+    Alimtalk(AlimtalkConfig),
 }
 
 impl SinkSpec {
@@ -158,16 +164,14 @@ impl SinkSpec {
                 SinkKind::Log
             }
             "webhook" => SinkKind::Webhook(WebhookConfig::parse(&prefix, own)?),
-            "fcm" | "alimtalk" => {
-                return Err(ConfigError::new(
-                    format!("{prefix}.kind"),
-                    format!("\"{}\" is not available in this version yet", common.kind),
-                ));
-            }
+            "fcm" => SinkKind::Fcm(FcmConfig::parse(&prefix, own)?),
+            "alimtalk" => SinkKind::Alimtalk(AlimtalkConfig::parse(&prefix, own)?),
             other => {
                 return Err(ConfigError::new(
                     format!("{prefix}.kind"),
-                    format!("unknown sink kind \"{other}\"; expected webhook or log"),
+                    format!(
+                        "unknown sink kind \"{other}\"; expected webhook, fcm, alimtalk or log"
+                    ),
                 ));
             }
         };

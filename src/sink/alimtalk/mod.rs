@@ -1,0 +1,258 @@
+//! The `alimtalk` sink: Kakao Alimtalk template messages through a vendor, NHN Cloud
+//! (`provider = "nhn"`, `nhn.rs`) or Solapi (`provider = "solapi"`, `solapi.rs`).
+//!
+//! Guarantees:
+//! - a row whose payload or phone number cannot be sent is Permanent before any (paid)
+//!   request (`payload.rs`);
+//! - each answer is classified on the vendor's result code: success, vendor error (retry),
+//!   configuration (sink paused, row kept), message or recipient rejected (FAILED)
+//!   (`classify.rs`);
+//! - a request that never left (connection refused, TLS failure, connect timeout) retries;
+//! - a request that may have been acted on but whose answer was lost (timed out after it was
+//!   sent, connection dropped, a 2xx without a readable result) is an *unknown outcome*: with
+//!   `on_unknown_outcome = "fail"` (default) the row is FAILED with reason
+//!   "outcome unknown: ..." and never resent, since Alimtalk sends are paid and not
+//!   idempotent; with `"retry"` it retries (NHN resends the same idempotency key, so NHN can
+//!   drop the duplicate);
+//! - secrets (`secret_key`, `api_secret`) are sent only in sensitive headers or used as HMAC
+//!   keys; transport errors are reported without URLs (NHN's app key is in the path).
+
+mod classify;
+mod config;
+mod idempotency;
+mod nhn;
+mod payload;
+mod solapi;
+
+use std::time::Duration;
+
+pub use classify::{Class, DEFAULT_THROTTLE, SEND_WINDOW_RETRY};
+pub use config::{
+    AlimtalkConfig, NHN_ENDPOINT, NhnKeys, Provider, SOLAPI_ENDPOINT, SolapiKeys, UnknownOutcome,
+};
+pub use idempotency::{IdempotencyKeys, KeyFate};
+pub use payload::{Fallback, TemplateMessage, normalize_phone};
+pub use solapi::{authorization, iso8601, signature};
+
+use super::{Delivery, Outcome, Sink};
+use crate::BoxFuture;
+
+/// How much of a vendor's text is kept in a reason.
+const SNIPPET: usize = 200;
+
+/// Delivers rows to one vendor account.
+pub struct AlimtalkSink {
+    /// The sink's configured name (for logs).
+    name: String,
+    /// One client per sink (connections kept alive across rows).
+    client: reqwest::Client,
+    /// The vendor and its request format.
+    vendor: Vendor,
+    /// What an unknown outcome becomes.
+    on_unknown: UnknownOutcome,
+}
+
+/// The configured vendor.
+enum Vendor {
+    /// NHN Cloud AlimTalk v2.3.
+    Nhn(nhn::Nhn),
+    /// Solapi Messages v4.
+    Solapi(solapi::Solapi),
+}
+
+/// A vendor's answer, read in full.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// The raw `Retry-After` header.
+    pub retry_after: Option<String>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+/// What an exchange with the vendor established.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// The vendor answered: this is the outcome (any idempotency key is used up).
+    Definite(Outcome),
+    /// No vendor answer, but a transient failure in front of it (5xx without the vendor's
+    /// body): retry, resending the same idempotency key.
+    RetrySameKey(Outcome),
+    /// The request never left: retry.
+    NotSent(String),
+    /// The request may have been acted on; the answer is lost.
+    Unknown(String),
+}
+
+impl AlimtalkSink {
+    pub fn new(name: &str, cfg: &AlimtalkConfig, timeout: Duration) -> anyhow::Result<Self> {
+        crate::install_crypto_provider();
+        // A connect timeout well inside the total one: a request that could not connect is
+        // told apart from one that was sent and then timed out (an unknown outcome).
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout((timeout / 2).min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        let vendor = match &cfg.provider {
+            Provider::Nhn(keys) => {
+                Vendor::Nhn(nhn::Nhn::new(&cfg.endpoint, keys, &cfg.key_prefix)?)
+            }
+            Provider::Solapi(keys) => {
+                Vendor::Solapi(solapi::Solapi::new(&cfg.endpoint, keys, &cfg.key_prefix))
+            }
+        };
+        Ok(AlimtalkSink {
+            name: name.to_string(),
+            client,
+            vendor,
+            on_unknown: cfg.on_unknown_outcome,
+        })
+    }
+
+    async fn send(&self, d: &Delivery) -> Outcome {
+        let msg = match TemplateMessage::parse(&d.payload) {
+            Ok(m) => m,
+            Err(reason) => return Outcome::Permanent { reason },
+        };
+        let phone = match normalize_phone(d.recipient.as_deref()) {
+            Ok(p) => p,
+            Err(reason) => return Outcome::Permanent { reason },
+        };
+        let verdict = match &self.vendor {
+            Vendor::Nhn(n) => {
+                let body = match n.body(d, &msg, &phone) {
+                    Ok(b) => b,
+                    Err(reason) => return Outcome::Permanent { reason },
+                };
+                let key = n.keys.key(d);
+                let verdict = match exchange(n.request(&self.client, body, &key)).await {
+                    Ok(reply) => nhn::interpret(&reply),
+                    Err(v) => v,
+                };
+                n.keys.settle(d.id, &key, self.key_fate(&verdict));
+                verdict
+            }
+            Vendor::Solapi(s) => {
+                let body = match s.body(d, &msg, &phone) {
+                    Ok(b) => b,
+                    Err(reason) => return Outcome::Permanent { reason },
+                };
+                match exchange(s.request(&self.client, body)).await {
+                    Ok(reply) => solapi::interpret(&reply),
+                    Err(v) => v,
+                }
+            }
+        };
+        self.outcome(d, verdict)
+    }
+
+    /// What becomes of an NHN idempotency key after `verdict`.
+    fn key_fate(&self, verdict: &Verdict) -> KeyFate {
+        match verdict {
+            Verdict::Definite(
+                Outcome::Delivered | Outcome::Permanent { .. } | Outcome::Retry { .. },
+            ) => KeyFate::Forget,
+            Verdict::Definite(Outcome::Throttle { .. } | Outcome::ConfigError { .. }) => {
+                KeyFate::Spent
+            }
+            Verdict::RetrySameKey(_) => KeyFate::Reuse,
+            Verdict::NotSent(_) => KeyFate::Unsent,
+            Verdict::Unknown(_) => match self.on_unknown {
+                UnknownOutcome::Retry => KeyFate::Reuse,
+                UnknownOutcome::Fail => KeyFate::Forget,
+            },
+        }
+    }
+
+    fn outcome(&self, d: &Delivery, verdict: Verdict) -> Outcome {
+        match verdict {
+            Verdict::Definite(o) | Verdict::RetrySameKey(o) => o,
+            Verdict::NotSent(reason) => Outcome::Retry {
+                after: None,
+                reason,
+            },
+            Verdict::Unknown(what) => {
+                tracing::warn!(sink = %self.name, id = d.id, what, policy = ?self.on_unknown, "Alimtalk send with an unknown outcome");
+                match self.on_unknown {
+                    UnknownOutcome::Fail => Outcome::Permanent {
+                        reason: format!(
+                            "outcome unknown: {what}; not resent (on_unknown_outcome = \"fail\")"
+                        ),
+                    },
+                    UnknownOutcome::Retry => Outcome::Retry {
+                        after: None,
+                        reason: format!("outcome unknown: {what}; resending"),
+                    },
+                }
+            }
+        }
+    }
+}
+
+impl Sink for AlimtalkSink {
+    fn deliver<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Outcome> {
+        Box::pin(self.send(d))
+    }
+}
+
+/// Sends a request and reads the whole answer. A failure before the request could leave is
+/// [`Verdict::NotSent`]; any later one is [`Verdict::Unknown`].
+async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
+    let resp = req.send().await.map_err(|e| {
+        if e.is_connect() || e.is_builder() {
+            Verdict::NotSent(describe(e))
+        } else {
+            Verdict::Unknown(format!("{} after the request was sent", describe(e)))
+        }
+    })?;
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body = resp.bytes().await.map_err(|e| {
+        Verdict::Unknown(format!(
+            "HTTP {status} but its body was lost ({})",
+            describe(e)
+        ))
+    })?;
+    Ok(Reply {
+        status,
+        retry_after,
+        body: body.to_vec(),
+    })
+}
+
+/// A transport error on one line, without the URL.
+fn describe(e: reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "connection failed"
+    } else if e.is_timeout() {
+        "timed out"
+    } else {
+        "request failed"
+    };
+    let e = e.without_url();
+    let mut text = format!("{kind}: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// The start of a vendor's text, on one line.
+fn snippet(text: &str) -> String {
+    text.trim()
+        .chars()
+        .take(SNIPPET)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
