@@ -86,6 +86,27 @@ pub trait Sink: Send + Sync {
     fn deliver<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Outcome>;
 }
 
+/// A transport error on one line, without the URL (a URL may carry an app key or a token):
+/// "timed out: ...", "connection failed: ...", "request failed: ...".
+pub(crate) fn describe_send_error(e: reqwest::Error) -> String {
+    let kind = if e.is_connect() {
+        "connection failed"
+    } else if e.is_timeout() {
+        "timed out"
+    } else {
+        "request failed"
+    };
+    let e = e.without_url();
+    let mut text = format!("{kind}: {e}");
+    let mut source = std::error::Error::source(&e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// How long a sink pauses after a [`Outcome::ConfigError`] before trying again by itself.
 pub const CONFIG_ERROR_PAUSE: Duration = Duration::from_secs(60);
 

@@ -34,7 +34,7 @@ pub use idempotency::{IdempotencyKeys, KeyFate};
 pub use payload::{Fallback, TemplateMessage, normalize_phone};
 pub use solapi::{authorization, iso8601, signature};
 
-use super::{Delivery, Outcome, Sink};
+use super::{Delivery, Outcome, Sink, describe_send_error};
 use crate::BoxFuture;
 
 /// How much of a vendor's text is kept in a reason.
@@ -204,9 +204,12 @@ impl Sink for AlimtalkSink {
 async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
     let resp = req.send().await.map_err(|e| {
         if e.is_connect() || e.is_builder() {
-            Verdict::NotSent(describe(e))
+            Verdict::NotSent(describe_send_error(e))
         } else {
-            Verdict::Unknown(format!("{} after the request was sent", describe(e)))
+            Verdict::Unknown(format!(
+                "{} after the request was sent",
+                describe_send_error(e)
+            ))
         }
     })?;
     let status = resp.status().as_u16();
@@ -218,7 +221,7 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
     let body = resp.bytes().await.map_err(|e| {
         Verdict::Unknown(format!(
             "HTTP {status} but its body was lost ({})",
-            describe(e)
+            describe_send_error(e)
         ))
     })?;
     Ok(Reply {
@@ -226,26 +229,6 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
         retry_after,
         body: body.to_vec(),
     })
-}
-
-/// A transport error on one line, without the URL.
-fn describe(e: reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
-        "timed out"
-    } else {
-        "request failed"
-    };
-    let e = e.without_url();
-    let mut text = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// The start of a vendor's text, on one line.

@@ -33,7 +33,7 @@ pub use config::{DEFAULT_ENDPOINT, DEFAULT_TOKEN_URI, FcmConfig, ServiceAccountK
 pub use message::{MAX_PAYLOAD, MAX_TOPIC_PAYLOAD, build as build_body};
 pub use oauth::{AccessToken, SCOPE, TokenError, TokenSource, refresh_margin};
 
-use super::{Delivery, Outcome, Sink};
+use super::{Delivery, Outcome, Sink, describe_send_error};
 use crate::BoxFuture;
 
 /// How much of a vendor's text is kept in a reason.
@@ -187,26 +187,6 @@ impl Sink for FcmSink {
     fn deliver<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Outcome> {
         Box::pin(self.send(d))
     }
-}
-
-/// A transport error on one line, without the URL: "timed out: ...", "connection failed: ...".
-pub(crate) fn describe_send_error(e: reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
-        "timed out"
-    } else {
-        "request failed"
-    };
-    let e = e.without_url();
-    let mut text = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// The start of a vendor's text, on one line.

@@ -21,9 +21,10 @@ use tokio::time::Instant;
 
 use super::config::ServiceAccountKey;
 use super::jwt::RsaSigner;
-use super::{describe_send_error, snippet};
+use super::snippet;
 use crate::config::Secret;
 use crate::sink::Outcome;
+use crate::sink::describe_send_error;
 
 /// The OAuth2 scope FCM HTTP v1 needs.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";

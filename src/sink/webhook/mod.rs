@@ -18,7 +18,7 @@ pub use classify::{classify, parse_retry_after};
 pub use config::WebhookConfig;
 pub use request::{sign, signing_key};
 
-use super::{Delivery, Outcome, Sink};
+use super::{Delivery, Outcome, Sink, describe_send_error};
 use crate::BoxFuture;
 
 /// How much of an error response's body is kept in `last_error`.
@@ -103,17 +103,10 @@ impl WebhookSink {
         let resp = match req.body(d.payload.clone()).send().await {
             Ok(r) => r,
             Err(e) => {
-                // reqwest errors name the URL, never headers, so no secret can leak here.
-                let kind = if e.is_timeout() {
-                    "timed out"
-                } else if e.is_connect() {
-                    "connection failed"
-                } else {
-                    "request failed"
-                };
+                // Without the URL (it may carry a token) and never headers.
                 return Outcome::Retry {
                     after: None,
-                    reason: format!("{kind}: {}", error_chain(&e)),
+                    reason: describe_send_error(e),
                 };
             }
         };
@@ -140,16 +133,4 @@ impl Sink for WebhookSink {
     fn deliver<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Outcome> {
         Box::pin(self.send(d))
     }
-}
-
-/// An error and its causes on one line ("request failed: ...: connection refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
