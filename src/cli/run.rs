@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::CliError;
 use crate::config::{LeaseBackend, Mode, Settings};
 use crate::housekeeping;
-use crate::lease::{DatabaseLease, Keeper, Lease, RedisLease};
+use crate::lease::{DatabaseLease, Keeper, Lease, RedisLease, RedlockLease};
 use crate::relay::Relay;
 use crate::sink::SinkRegistry;
 use crate::store::{self, Dialect, OutboxStore};
@@ -75,6 +75,18 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
             let url = l.redis_url.as_ref().map(|u| u.expose()).unwrap_or_default();
             let lease = RedisLease::connect(
                 url,
+                &l.name,
+                &settings.relay.instance_id,
+                l.ttl,
+                l.renew_timeout,
+            )
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+            Some(Arc::new(lease))
+        }
+        (Mode::Leader, LeaseBackend::Redlock) => {
+            let urls: Vec<&str> = l.redlock_urls.iter().map(|u| u.expose()).collect();
+            let lease = RedlockLease::connect(
+                &urls,
                 &l.name,
                 &settings.relay.instance_id,
                 l.ttl,

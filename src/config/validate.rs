@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::duration::format;
-use super::{ConfigError, LeaseBackend, RetrySettings, Settings};
+use super::{ConfigError, LeaseBackend, RetrySettings, Secret, Settings};
 
 /// The least time a claim must outlive the longest sink timeout: covers the claim round trip,
 /// the result write and clock drift between the relay and the database.
@@ -118,13 +118,7 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
             }
             Some(_) => {}
         },
-        LeaseBackend::Redlock => {
-            return Err(ConfigError::new(
-                "lease.backend",
-                "the redlock backend is not available in this version; use \"redis\", \
-                 \"database\" (default) or \"none\"",
-            ));
-        }
+        LeaseBackend::Redlock => validate_redlock_urls(&l.redlock_urls)?,
         LeaseBackend::Database | LeaseBackend::None => {}
     }
 
@@ -153,6 +147,40 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
                 s.log.level
             ),
         ));
+    }
+    Ok(())
+}
+
+/// `lease.redlock_urls`: at least 3 independent nodes (a majority of 2 tolerates no failure),
+/// each `redis://` or `rediss://`, no URL twice (one server counted twice would make a
+/// "majority" of fewer real nodes). Errors name entries by index: a URL may hold a password.
+fn validate_redlock_urls(urls: &[Secret]) -> Result<(), ConfigError> {
+    const KEY: &str = "lease.redlock_urls";
+    if urls.len() < 3 {
+        return Err(ConfigError::new(
+            KEY,
+            format!(
+                "has {} URL(s); lease.backend = \"redlock\" needs at least 3 independent Redis \
+                 nodes (an odd number is best: 3 or 5), e.g. \
+                 [\"redis://r1:6379\", \"redis://r2:6379\", \"redis://r3:6379\"]",
+                urls.len()
+            ),
+        ));
+    }
+    for (i, url) in urls.iter().enumerate() {
+        let u = url.expose();
+        if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+            return Err(ConfigError::new(
+                KEY,
+                format!("entry {i} must start with redis:// or rediss:// (TLS)"),
+            ));
+        }
+        if let Some(j) = urls[..i].iter().position(|o| o.expose() == u) {
+            return Err(ConfigError::new(
+                KEY,
+                format!("entries {j} and {i} are the same URL: Redlock needs independent nodes"),
+            ));
+        }
     }
     Ok(())
 }

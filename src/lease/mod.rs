@@ -16,6 +16,7 @@
 
 mod database;
 mod redis;
+mod redlock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use database::DatabaseLease;
 pub use redis::RedisLease;
+pub use redlock::RedlockLease;
 
 use crate::BoxFuture;
 use crate::store::{Fence, OutboxStore};

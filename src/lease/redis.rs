@@ -11,13 +11,18 @@
 //!
 //! Every command is bounded by `lease.renew_timeout` and sent at most once: fred's default of
 //! re-sending a command after a reconnect could apply a lease operation twice, so it is off.
+//!
+//! The per-server primitives live in [`RedisNode`], which the `redlock` backend runs on each of
+//! its nodes.
 
 use std::sync::Mutex;
 use std::time::Duration;
 
 use fred::clients::SubscriberClient;
 use fred::prelude::*;
+use fred::types::Message;
 use fred::types::scripts::Script;
+use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::{Grant, Lease};
@@ -32,37 +37,51 @@ const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
     redis.call('DEL', KEYS[1]); redis.call('PUBLISH', KEYS[1] .. ':released', ARGV[1]); \
     return 1 else return 0 end";
 
-/// A lease on one Redis server.
-pub struct RedisLease {
+/// Deletes the key only if it still holds our token, telling nobody (a grant we never had:
+/// waking standbys for it would only make them retry in vain). Returns 1 or 0.
+const DISCARD: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+    return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// One Redis server's share of a lease: the key, the release channel and the scripts that
+/// operate on them, each command sent at most once and bounded by the command timeout.
+pub(super) struct RedisNode {
+    /// The command connection.
     client: Client,
+    /// A separate connection subscribed to [`RedisNode::channel`] (pub/sub needs its own).
     subscriber: SubscriberClient,
     /// The Redis key (the lease name).
     key: String,
     /// `<key>:released`, published on release.
     channel: String,
-    instance_id: String,
-    ttl: Duration,
+    /// The compare-and-`PEXPIRE` script ([`RENEW`]).
     renew: Script,
+    /// The compare-and-`DEL` + `PUBLISH` script ([`RELEASE`]).
     release: Script,
-    /// Our holder token while we believe we hold the key.
-    held: Mutex<Option<String>>,
+    /// The silent compare-and-`DEL` script ([`DISCARD`]).
+    discard: Script,
+    /// Fail a command at once while the connection is down, instead of queueing it until the
+    /// command timeout (for Redlock: a dead node must not slow down every operation).
+    fail_fast: bool,
 }
 
-impl RedisLease {
-    /// Builds the clients and starts connecting in the background (a Redis that is down at
-    /// start is retried; the keeper simply fails to acquire until it is back).
-    pub fn connect(
+impl RedisNode {
+    /// Builds the clients for `url` and starts connecting in the background (a server that is
+    /// down is retried for ever). `what` names the setting in errors (never the URL: it may
+    /// hold a password). Each command times out after `command_timeout`; fred then also drops
+    /// it from its queue, so a command that waited out a disconnection is never sent late.
+    /// With `fail_fast`, commands fail at once while the connection is down.
+    pub(super) fn connect(
         url: &str,
+        what: &str,
         name: &str,
-        instance_id: &str,
-        ttl: Duration,
-        command_timeout: Duration,
-    ) -> anyhow::Result<RedisLease> {
-        let config = Config::from_url(url).map_err(|e| anyhow::anyhow!("lease.redis_url: {e}"))?;
+        (command_timeout, connect_timeout): (Duration, Duration),
+        fail_fast: bool,
+    ) -> anyhow::Result<RedisNode> {
+        let config = Config::from_url(url).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
         let mut builder = Builder::from_config(config);
         builder
             .with_connection_config(|c| {
-                c.connection_timeout = command_timeout;
+                c.connection_timeout = connect_timeout;
                 c.internal_command_timeout = command_timeout;
                 // Never re-send a lease command on reconnect: it may already have run.
                 c.max_command_attempts = 1;
@@ -93,15 +112,128 @@ impl RedisLease {
                 }
             }
         });
-        Ok(RedisLease {
+        Ok(RedisNode {
             client,
             subscriber,
             key: name.to_string(),
             channel,
-            instance_id: instance_id.to_string(),
-            ttl,
             renew: Script::from_lua(RENEW),
             release: Script::from_lua(RELEASE),
+            discard: Script::from_lua(DISCARD),
+            fail_fast,
+        })
+    }
+
+    /// With `fail_fast`: an error while the connection is down.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.fail_fast && !self.client.is_connected() {
+            anyhow::bail!("not connected");
+        }
+        Ok(())
+    }
+
+    /// `<key>:released`.
+    pub(super) fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Release messages (and any other message on the subscriber connection) from now on.
+    pub(super) fn message_rx(&self) -> broadcast::Receiver<Message> {
+        self.subscriber.message_rx()
+    }
+
+    /// `SET key token NX PX ttl`: true when the key was set.
+    pub(super) async fn set_nx(&self, token: &str, ttl: Duration) -> anyhow::Result<bool> {
+        self.check()?;
+        let reply: Option<String> = self
+            .client
+            .set(
+                self.key.as_str(),
+                token,
+                Some(Expiration::PX(ttl.as_millis() as i64)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await?;
+        Ok(reply.is_some())
+    }
+
+    /// Compare-and-`PEXPIRE`: true when the key still held `token` and now lives `ttl` again.
+    pub(super) async fn renew(&self, token: &str, ttl: Duration) -> anyhow::Result<bool> {
+        self.check()?;
+        let n: i64 = self
+            .renew
+            .evalsha_with_reload(
+                &self.client,
+                vec![self.key.as_str()],
+                vec![token.to_string(), ttl.as_millis().to_string()],
+            )
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Compare-and-`DEL` + `PUBLISH <key>:released`: true when the key held `token`.
+    pub(super) async fn release(&self, token: &str) -> anyhow::Result<bool> {
+        self.check()?;
+        let n: i64 = self
+            .release
+            .evalsha_with_reload(&self.client, vec![self.key.as_str()], vec![token])
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// Compare-and-`DEL` without telling anyone: true when the key held `token`.
+    pub(super) async fn discard(&self, token: &str) -> anyhow::Result<bool> {
+        self.check()?;
+        let n: i64 = self
+            .discard
+            .evalsha_with_reload(&self.client, vec![self.key.as_str()], vec![token])
+            .await?;
+        Ok(n == 1)
+    }
+
+    /// The key's `PTTL` in ms: -2 when absent, -1 when it has no expiry.
+    pub(super) async fn pttl(&self) -> anyhow::Result<i64> {
+        self.check()?;
+        Ok(self.client.pttl(self.key.as_str()).await?)
+    }
+
+    /// One `PING` round trip.
+    pub(super) async fn ping(&self) -> anyhow::Result<()> {
+        self.check()?;
+        let _: String = self.client.ping(None).await?;
+        Ok(())
+    }
+}
+
+/// A lease on one Redis server.
+pub struct RedisLease {
+    /// The server's key, channel and scripts.
+    node: RedisNode,
+    /// This instance's id: the prefix of every holder token.
+    instance_id: String,
+    /// How long a grant lasts without renewal.
+    ttl: Duration,
+    /// Our holder token while we believe we hold the key.
+    held: Mutex<Option<String>>,
+}
+
+impl RedisLease {
+    /// Builds the clients and starts connecting in the background (a Redis that is down at
+    /// start is retried; the keeper simply fails to acquire until it is back).
+    pub fn connect(
+        url: &str,
+        name: &str,
+        instance_id: &str,
+        ttl: Duration,
+        command_timeout: Duration,
+    ) -> anyhow::Result<RedisLease> {
+        let timeouts = (command_timeout, command_timeout);
+        let node = RedisNode::connect(url, "lease.redis_url", name, timeouts, false)?;
+        Ok(RedisLease {
+            node,
+            instance_id: instance_id.to_string(),
+            ttl,
             held: Mutex::new(None),
         })
     }
@@ -123,7 +255,7 @@ impl RedisLease {
 
 impl Lease for RedisLease {
     fn name(&self) -> &str {
-        &self.key
+        &self.node.key
     }
 
     fn holder(&self) -> String {
@@ -138,17 +270,7 @@ impl Lease for RedisLease {
         Box::pin(async move {
             let token = format!("{}#{}", self.instance_id, crate::random_token());
             let sent_at = Instant::now();
-            let reply: Option<String> = self
-                .client
-                .set(
-                    self.key.as_str(),
-                    token.as_str(),
-                    Some(Expiration::PX(self.ttl.as_millis() as i64)),
-                    Some(SetOptions::NX),
-                    false,
-                )
-                .await?;
-            if reply.is_some() {
+            if self.node.set_nx(&token, self.ttl).await? {
                 self.set_held(Some(token));
                 Ok(Some(Grant {
                     epoch: None,
@@ -165,18 +287,11 @@ impl Lease for RedisLease {
             let Some(token) = self.held() else {
                 return Ok(false);
             };
-            let n: i64 = self
-                .renew
-                .evalsha_with_reload(
-                    &self.client,
-                    vec![self.key.as_str()],
-                    vec![token, self.ttl.as_millis().to_string()],
-                )
-                .await?;
-            if n != 1 {
+            let renewed = self.node.renew(&token, self.ttl).await?;
+            if !renewed {
                 self.set_held(None);
             }
-            Ok(n == 1)
+            Ok(renewed)
         })
     }
 
@@ -184,10 +299,7 @@ impl Lease for RedisLease {
         Box::pin(async move {
             if let Some(token) = self.held() {
                 self.set_held(None);
-                let _: i64 = self
-                    .release
-                    .evalsha_with_reload(&self.client, vec![self.key.as_str()], vec![token])
-                    .await?;
+                self.node.release(&token).await?;
             }
             Ok(())
         })
@@ -196,8 +308,8 @@ impl Lease for RedisLease {
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             // Listen first, then look: a release between the two is still seen.
-            let mut rx = self.subscriber.message_rx();
-            let pttl: i64 = match self.client.pttl(self.key.as_str()).await {
+            let mut rx = self.node.message_rx();
+            let pttl: i64 = match self.node.pttl().await {
                 Ok(ms) => ms,
                 Err(e) => {
                     tracing::debug!(error = %e, "PTTL failed");
@@ -214,7 +326,7 @@ impl Lease for RedisLease {
             loop {
                 tokio::select! {
                     m = rx.recv() => match m {
-                        Ok(m) if *m.channel == *self.channel => return,
+                        Ok(m) if *m.channel == *self.node.channel => return,
                         Ok(_) => {}
                         Err(_) => return,
                     },
@@ -225,9 +337,6 @@ impl Lease for RedisLease {
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            let _: String = self.client.ping(None).await?;
-            Ok(())
-        })
+        Box::pin(async move { self.node.ping().await })
     }
 }
