@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use outbox_relay::housekeeping::{self, PURGE_BATCH};
 use outbox_relay::store::{Finished, NewRow, OutboxStore};
+use support::process::*;
 use support::*;
 use tokio_util::sync::CancellationToken;
 
@@ -28,23 +29,14 @@ async fn cli(td: &TestDb, args: &[&str]) -> Output {
 
 /// As [`cli`], with extra environment variables.
 async fn cli_env(td: &TestDb, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(relay_bin());
-    cmd.envs(env.iter().copied());
-    cmd.args(args)
-        .current_dir(td.dir.path())
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
-        .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
-        .env("OUTBOX_RELAY__LEASE__NAME", &td.table)
-        .stdin(Stdio::null());
-    tokio::time::timeout(
+    let mut cmd = relay_on_table(td);
+    cmd.envs(env.iter().copied()).args(args);
+    run_to_end(
+        format!("outbox-relay {args:?}"),
+        &mut cmd,
         Duration::from_secs(60),
-        tokio::task::spawn_blocking(move || cmd.output()),
     )
     .await
-    .unwrap_or_else(|_| panic!("outbox-relay {args:?} did not finish within 60s"))
-    .expect("join")
-    .expect("spawn outbox-relay")
 }
 
 fn stdout(o: &Output) -> String {
@@ -574,31 +566,6 @@ async fn retention_purge_all_deletes_only_old_finished_rows(db: Db) {
     td.drop_table().await;
 }
 
-/// Kills the child when the test ends, however it ends.
-struct Child(std::process::Child);
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn get(url: &str) -> Option<(u16, String)> {
-    outbox_relay::install_crypto_provider();
-    let resp = reqwest::get(url).await.ok()?;
-    let status = resp.status().as_u16();
-    Some((status, resp.text().await.ok()?))
-}
-
 /// Runs `promtool` with `args` and `input` on stdin; `None` when promtool is not installed.
 fn promtool(args: &[&str], input: &str) -> Option<Output> {
     use std::io::Write;
@@ -638,31 +605,17 @@ async fn metrics_output_passes_promtool_check() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let out = Command::new(relay_bin())
-        .args(["enqueue", "--channel", "log", "--payload", r#"{"hi":1}"#])
-        .current_dir(dir.path())
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _relay = Child(
-        Command::new(relay_bin())
-            .arg("run")
-            .current_dir(dir.path())
-            .env_remove("OUTBOX_RELAY_CONFIG")
+    enqueue_log_row(dir.path(), r#"{"hi":1}"#);
+    let _relay = RelayProc::spawn(
+        "relay",
+        relay_command(dir.path())
             .env("OUTBOX_RELAY__HTTP__LISTEN", format!("127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn relay"),
+            .arg("run"),
+        dir.path().join("relay.log"),
     );
     let until = Instant::now() + Duration::from_secs(30);
     let metrics = loop {
-        if let Some((200, body)) = get(&format!("{base}/metrics")).await
+        if let Some((200, body)) = fetch(&format!("{base}/metrics")).await
             && body.contains(r#"outbox_relay_deliveries_total{sink="log",outcome="delivered"} 1"#)
             && body.contains(r#"outbox_relay_rows{status="#)
         {
@@ -729,11 +682,8 @@ async fn json_logs_never_show_secrets() {
         ),
         ("OUTBOX_RELAY__SINKS__HOOK__SECRET", SECRET.into()),
     ];
-    let mut cmd = Command::new(relay_bin());
-    cmd.arg("check-config")
-        .current_dir(dir.path())
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .env_remove("RUST_LOG");
+    let mut cmd = relay_command(dir.path());
+    cmd.arg("check-config");
     for (k, v) in &env {
         cmd.env(k, v);
     }
@@ -747,20 +697,15 @@ async fn json_logs_never_show_secrets() {
     assert!(!text.contains(PASSWORD) && !text.contains(SECRET), "{text}");
 
     // `run` against an unreachable database logs its retries; then SIGTERM.
-    let mut cmd = Command::new(relay_bin());
-    cmd.arg("run")
-        .current_dir(dir.path())
-        .env_remove("OUTBOX_RELAY_CONFIG")
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut cmd = relay_command(dir.path());
+    cmd.arg("run").stdout(Stdio::piped()).stderr(Stdio::piped());
     for (k, v) in &env {
         cmd.env(k, v);
     }
     let child = cmd.spawn().expect("spawn relay");
     let pid = child.id();
     let until = Instant::now() + Duration::from_secs(20);
-    while get(&format!("http://127.0.0.1:{port}/healthz"))
+    while fetch(&format!("http://127.0.0.1:{port}/healthz"))
         .await
         .is_none()
     {

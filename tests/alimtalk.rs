@@ -6,6 +6,7 @@
 //! recipient number, so one fake serves every result-code class. Sinks are built from TOML
 //! through the public configuration API; the last test runs the relay binary.
 
+mod support;
 mod vendor_support;
 
 use std::sync::{Arc, Mutex};

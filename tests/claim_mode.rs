@@ -18,16 +18,12 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fmt::Display;
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use sqlx::Row;
-use support::receiver::{Received, Receiver, Reply};
+use support::process::*;
+use support::receiver::{Received, Receiver, Reply, sender};
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The config every instance starts from: claim mode; `relay_extra` goes into `[relay]`,
 /// `retry_extra` into `[retry]`, `sink_extra` into `[sinks.hook]`, whose `x-relay` header
@@ -62,227 +58,12 @@ headers = {{ "x-relay" = "{instance}" }}
     )
 }
 
-/// Writes a config file into the test's directory.
-fn write_config(td: &TestDb, file: &str, text: &str) -> PathBuf {
-    let path = td.dir.path().join(file);
-    std::fs::write(&path, text).expect("write config");
-    path
-}
-
-/// A command for the relay binary on `td`'s table, with nothing from the test's own
-/// environment leaking into its configuration.
-fn relay_command(td: &TestDb, config: &Path) -> Command {
-    let mut cmd = Command::new(relay_bin());
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("OUTBOX_RELAY") {
-            cmd.env_remove(&k);
-        }
-    }
-    cmd.env_remove("RUST_LOG")
-        .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
-        .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
-        .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
-        .env("OUTBOX_RELAY__LEASE__NAME", &td.table)
-        .arg("--config")
-        .arg(config)
-        .current_dir(td.dir.path())
-        .stdin(Stdio::null());
-    cmd
-}
-
-/// A running `outbox-relay run`; killed (SIGKILL) when dropped if still running.
-struct RelayProc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    status: Option<ExitStatus>,
-}
-
 impl RelayProc {
     /// Starts instance `instance` with its own config (`<instance>.toml`, written here);
     /// stdout and stderr go to `<dir>/<instance>.log`.
     fn start(td: &TestDb, config_text: &str, instance: &str) -> RelayProc {
-        let config = write_config(td, &format!("{instance}.toml"), config_text);
-        let log = td.dir.path().join(format!("{instance}.log"));
-        let out = std::fs::File::create(&log).expect("create log");
-        let err = out.try_clone().expect("clone log");
-        let child = relay_command(td, &config)
-            .env("OUTBOX_RELAY__RELAY__INSTANCE_ID", instance)
-            .arg("run")
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn outbox-relay");
-        RelayProc {
-            name: instance.to_string(),
-            child,
-            log,
-            status: None,
-        }
-    }
-
-    /// True while the process has not exited.
-    fn running(&mut self) -> bool {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status.is_none()
-    }
-
-    /// kill -9, and waits for the process to be gone.
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.status = Some(self.child.wait().expect("wait after SIGKILL"));
-    }
-
-    /// Sends SIGTERM (through `kill`, no libc needed).
-    fn sigterm(&self) {
-        let ok = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -TERM {} failed", self.child.id());
-    }
-
-    /// Waits for the process to exit; panics after `timeout`.
-    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            if Instant::now() >= deadline {
-                panic!(
-                    "relay {} did not exit within {timeout:?}\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.status.expect("exited")
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The `/metrics` address, from the "serving /metrics" log line (waits up to 10 s).
-    async fn http_addr(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let log = self.log_text();
-            let found = log
-                .lines()
-                .filter(|l| l.contains("serving /metrics"))
-                .find_map(|l| l.split("addr=").nth(1))
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Some(addr) = found {
-                return addr;
-            }
-            if Instant::now() >= deadline {
-                panic!("relay {} never logged its HTTP address:\n{log}", self.name);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// The sum of a metric's samples (0 when absent).
-    async fn metric(&self, name: &str) -> f64 {
-        let addr = self.http_addr().await;
-        let (status, body) = http_get(&addr, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("GET /metrics of relay {}: {e}", self.name));
-        assert_eq!(status, 200, "GET /metrics of relay {}", self.name);
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next())
-            .filter_map(|v| v.parse::<f64>().ok())
-            .sum()
-    }
-}
-
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            let log = self.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect();
-            eprintln!("---- log of relay {} (last 40 lines) ----", self.name);
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
-}
-
-/// A plain HTTP/1.0 GET with a 5 s timeout; returns the status and the body.
-async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| anyhow::anyhow!("no HTTP status in {text:?}"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        anyhow::Ok((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(5), fut).await?
-}
-
-/// Runs a command to its end, its output captured; kills it and panics after `timeout`.
-async fn run_to_end(cmd: &mut Command, timeout: Duration) -> std::process::Output {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + timeout;
-    while child.try_wait().expect("try_wait").is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait");
-            panic!(
-                "command did not finish within {timeout:?}: {}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    child.wait_with_output().expect("output")
-}
-
-/// Polls `check` every 25ms until it holds; panics naming `what` after `timeout`.
-async fn until<F, Fut>(what: impl Display, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        let config = write_config(td.dir.path(), &format!("{instance}.toml"), config_text);
+        RelayProc::start_instance(td, &config, instance, NO_ENV)
     }
 }
 
@@ -370,11 +151,6 @@ async fn claims_per_instance(td: &TestDb) -> BTreeMap<String, i64> {
         .iter()
         .map(|r| (r.try_get(0).expect("by"), r.try_get(1).expect("count")))
         .collect()
-}
-
-/// Which instance sent a request.
-fn sender(r: &Received) -> &str {
-    r.header("x-relay").unwrap_or("?")
 }
 
 /// Requests per sending instance.
@@ -902,12 +678,13 @@ async fn status_lists_live_claims_per_instance(db: Db) {
     );
 
     let cfg = write_config(
-        &td,
+        td.dir.path(),
         "status.toml",
         &config_toml(&rx.url(), "status", relay, "", sink),
     );
     let out = run_to_end(
-        relay_command(&td, &cfg).arg("status"),
+        "outbox-relay status",
+        relay_with_config(&td, &cfg).arg("status"),
         Duration::from_secs(15),
     )
     .await;

@@ -5,10 +5,9 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use support::*;
+use support::process::*;
 
 /// What one run of the binary produced.
 struct Outcome {
@@ -30,17 +29,8 @@ impl std::fmt::Debug for Outcome {
 /// Runs the binary in `dir` (so no `config/relay.toml` of the checkout is picked up) with
 /// `args` and only the given `OUTBOX_RELAY*` variables; killed and failed after 20s.
 fn relay(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Outcome {
-    let mut cmd = Command::new(relay_bin());
-    cmd.args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, _) in std::env::vars() {
-        if k.starts_with("OUTBOX_RELAY") {
-            cmd.env_remove(k);
-        }
-    }
+    let mut cmd = relay_command(dir);
+    cmd.args(args);
     if args.contains(&"run") {
         // Keep a `run` that wrongly starts off the default metrics port.
         cmd.env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0");
@@ -48,32 +38,15 @@ fn relay(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Outcome {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("spawn the relay binary");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("outbox-relay {args:?} did not exit within 20s (it should refuse to start)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let read = |r: Option<&mut dyn std::io::Read>| {
-        let mut s = String::new();
-        if let Some(r) = r {
-            r.read_to_string(&mut s).expect("read output");
-        }
-        s
-    };
-    let stdout = read(child.stdout.as_mut().map(|r| r as &mut dyn std::io::Read));
-    let stderr = read(child.stderr.as_mut().map(|r| r as &mut dyn std::io::Read));
+    let out = output_within(
+        format!("outbox-relay {args:?} (it should refuse to start)"),
+        &mut cmd,
+        Duration::from_secs(20),
+    );
     Outcome {
-        code: status.code().unwrap_or(-1),
-        stdout,
-        stderr,
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 

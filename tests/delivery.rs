@@ -9,14 +9,12 @@
 mod support;
 
 use std::collections::{HashMap, HashSet};
-use std::fmt::Display;
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use outbox_relay::store::{NewRow, OutboxStore};
 use sqlx::Row;
+use support::process::*;
 use support::receiver::{Receiver, Reply};
 use support::*;
 
@@ -51,135 +49,11 @@ timeout = "5s"
     )
 }
 
-/// Writes a config file into the test's directory.
-fn write_config(td: &TestDb, file: &str, text: &str) -> PathBuf {
-    let path = td.dir.path().join(file);
-    std::fs::write(&path, text).expect("write config");
-    path
-}
-
-/// A running `outbox-relay run`; killed (SIGKILL) when dropped if still running.
-struct RelayProc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    status: Option<ExitStatus>,
-}
-
 impl RelayProc {
     /// Starts the binary on `td`'s table with `config`, the lease `lease` and instance id
     /// `instance`; stdout and stderr go to `<dir>/<instance>.log`.
     fn start(td: &TestDb, config: &Path, lease: &str, instance: &str) -> RelayProc {
-        let log = td.dir.path().join(format!("{instance}.log"));
-        let out = std::fs::File::create(&log).expect("create log");
-        let err = out.try_clone().expect("clone log");
-        let mut cmd = Command::new(relay_bin());
-        // Nothing from the test's own environment may leak into the relay's configuration.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("OUTBOX_RELAY") {
-                cmd.env_remove(&k);
-            }
-        }
-        let child = cmd
-            .env_remove("RUST_LOG")
-            .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
-            .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
-            .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
-            .env("OUTBOX_RELAY__LEASE__NAME", lease)
-            .env("OUTBOX_RELAY__RELAY__INSTANCE_ID", instance)
-            .arg("--config")
-            .arg(config)
-            .arg("run")
-            .current_dir(td.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn outbox-relay");
-        RelayProc {
-            name: instance.to_string(),
-            child,
-            log,
-            status: None,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// True while the process has not exited.
-    fn running(&mut self) -> bool {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status.is_none()
-    }
-
-    /// Sends SIGTERM (through `kill`, no libc needed).
-    fn sigterm(&self) {
-        let ok = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -TERM {} failed", self.pid());
-    }
-
-    /// Waits for the process to exit; panics after `timeout`.
-    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            if Instant::now() >= deadline {
-                panic!(
-                    "relay {} did not exit within {timeout:?}\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.status.expect("exited")
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            let log = self.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("---- log of relay {} (last 60 lines) ----", self.name);
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
-}
-
-/// Polls `check` every 25ms until it holds; panics naming `what` after `timeout`.
-async fn until<F, Fut>(what: impl Display, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        RelayProc::start_instance(td, config, instance, [("OUTBOX_RELAY__LEASE__NAME", lease)])
     }
 }
 
@@ -298,7 +172,7 @@ async fn thousand_rows_delivered_once(db: Db) {
     };
     let rx = Receiver::start(Some(SECRET)).await;
     insert_many(&td, 1000).await;
-    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
     let mut relay = RelayProc::start(&td, &cfg, &td.table, "one");
 
     let tdr = &td;
@@ -363,7 +237,7 @@ async fn server_error_retries_after_backoff(db: Db) {
     let rx = Receiver::start(Some(SECRET)).await;
     let id = enqueue(&td, "hook", r#"{"order": 42}"#).await;
     rx.script(id, vec![Reply::status(500).body("temporary glitch")]);
-    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
     let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
 
     rx.expect_requests(1, Duration::from_secs(15), "first attempt")
@@ -432,7 +306,7 @@ async fn client_error_fails_permanently(db: Db) {
         bad,
         vec![Reply::status(400).body("amount must be positive")],
     );
-    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
     let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
 
     let tdr = &td;
@@ -484,7 +358,7 @@ async fn throttle_delays_without_counting(db: Db) {
                 .body("slow down"),
         ],
     );
-    let cfg = write_config(&td, "relay.toml", &config_toml(&rx.url(), "", ""));
+    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
     let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
 
     rx.expect_requests(1, Duration::from_secs(15), "first attempt")
@@ -583,7 +457,7 @@ async fn malformed_rows_fail_alone(db: Db) {
         good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
     }
     let cfg = write_config(
-        &td,
+        td.dir.path(),
         "relay.toml",
         &config_toml(&rx.url(), "", "max_body_bytes = 100"),
     );
@@ -636,7 +510,7 @@ async fn sigterm_mid_batch_loses_nothing(db: Db) {
     insert_many(&td, ROWS).await;
     // claim_ttl is long (60s): a row left claimed would not come back within this test.
     let cfg = write_config(
-        &td,
+        td.dir.path(),
         "relay.toml",
         &config_toml(&rx.url(), "claim_ttl = \"60s\"", ""),
     );
@@ -735,8 +609,8 @@ async fn two_relays_one_lease_never_both_deliver(db: Db) {
             &format!("concurrency = 4\nheaders = {{ \"x-relay\" = \"{who}\" }}"),
         )
     };
-    let cfg_a = write_config(&td, "a.toml", &cfg("a"));
-    let cfg_b = write_config(&td, "b.toml", &cfg("b"));
+    let cfg_a = write_config(td.dir.path(), "a.toml", &cfg("a"));
+    let cfg_b = write_config(td.dir.path(), "b.toml", &cfg("b"));
     let lease = td.table.clone();
     let mut a = RelayProc::start(&td, &cfg_a, &lease, "a");
     let mut b = RelayProc::start(&td, &cfg_b, &lease, "b");

@@ -6,6 +6,7 @@
 //! `aud` = token_uri, `exp` = `iat` + 3600). Sinks are built from TOML through the public
 //! configuration API; the last test runs the relay binary.
 
+mod support;
 mod vendor_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

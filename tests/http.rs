@@ -4,52 +4,25 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::*;
+use support::process::*;
 
-/// Kills the child when the test ends, however it ends.
-struct Relay(Child);
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(dir: &std::path::Path, envs: &[(&str, String)]) -> Relay {
-    let mut cmd = Command::new(relay_bin());
-    cmd.arg("run")
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+/// `outbox-relay run` in `dir` with only the variables `envs`; its log is `<dir>/relay.log`.
+fn start(dir: &std::path::Path, envs: &[(&str, String)]) -> RelayProc {
+    let mut cmd = relay_command(dir);
+    cmd.arg("run");
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    Relay(cmd.spawn().expect("spawn relay"))
+    RelayProc::spawn("relay", &mut cmd, dir.join("relay.log"))
 }
 
-async fn get(url: &str) -> Option<(u16, String)> {
-    outbox_relay::install_crypto_provider();
-    let resp = reqwest::get(url).await.ok()?;
-    let status = resp.status().as_u16();
-    Some((status, resp.text().await.ok()?))
-}
-
+/// Polls `url` every 100 ms until its answer satisfies `pred`; panics after 20 s.
 async fn wait_for<F: Fn(&(u16, String)) -> bool>(url: &str, pred: F) -> (u16, String) {
     let until = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Some(r) = get(url).await
+        if let Some(r) = fetch(url).await
             && pred(&r)
         {
             return r;
@@ -78,26 +51,16 @@ async fn unreachable_database_keeps_readyz_false_without_crashing() {
     );
     let (status, _) = wait_for(&format!("{base}/healthz"), |_| true).await;
     assert_eq!(status, 200);
-    let (status, body) = get(&format!("{base}/readyz")).await.unwrap();
+    let (status, body) = fetch(&format!("{base}/readyz")).await.unwrap();
     assert_eq!(status, 503, "{body}");
     // Still running (retrying) after a few connection attempts.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(relay.0.try_wait().unwrap().is_none(), "relay exited");
-    let (status, _) = get(&format!("{base}/readyz")).await.unwrap();
+    assert!(relay.running(), "relay exited");
+    let (status, _) = fetch(&format!("{base}/readyz")).await.unwrap();
     assert_eq!(status, 503);
     // SIGTERM while still connecting: a clean exit.
-    Command::new("kill")
-        .args(["-TERM", &relay.0.id().to_string()])
-        .status()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    let code = loop {
-        if let Some(s) = relay.0.try_wait().unwrap() {
-            break s.code();
-        }
-        assert!(Instant::now() < until, "relay did not exit on SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    relay.sigterm();
+    let code = relay.wait_exit(Duration::from_secs(10)).await.code();
     assert_eq!(code, Some(0));
 }
 
@@ -107,22 +70,7 @@ async fn metrics_and_readiness_on_the_embedded_default() {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
     // Enqueue before the relay starts: the embedded SQLite default is created on demand.
-    let out = Command::new(relay_bin())
-        .args([
-            "enqueue",
-            "--channel",
-            "log",
-            "--payload",
-            r#"{"hello":"metrics"}"#,
-        ])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    enqueue_log_row(dir.path(), r#"{"hello":"metrics"}"#);
     let _relay = start(
         dir.path(),
         &[("OUTBOX_RELAY__HTTP__LISTEN", format!("127.0.0.1:{port}"))],
@@ -146,6 +94,6 @@ async fn metrics_and_readiness_on_the_embedded_default() {
     ] {
         assert!(metrics.contains(name), "missing {name} in:\n{metrics}");
     }
-    let (status, body) = get(&format!("{base}/healthz")).await.unwrap();
+    let (status, body) = fetch(&format!("{base}/healthz")).await.unwrap();
     assert_eq!((status, body.trim()), (200, "ok"));
 }

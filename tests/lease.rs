@@ -13,34 +13,6 @@ use support::*;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-const CALL: Duration = Duration::from_secs(30);
-
-async fn bounded<T>(what: &str, f: impl std::future::Future<Output = anyhow::Result<T>>) -> T {
-    match tokio::time::timeout(CALL, f).await {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => panic!("{what} failed: {e:#}"),
-        Err(_) => panic!("{what} did not finish within {CALL:?}"),
-    }
-}
-
-/// The lease row's holder and epoch, read directly.
-async fn lease_row(td: &TestDb, name: &str) -> (Option<String>, i64) {
-    use sqlx::Row;
-    let sql = td
-        .store
-        .dialect()
-        .finalize("SELECT holder, epoch FROM outbox_relay_lease WHERE name = ?");
-    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(name.to_string())
-        .fetch_one(td.store.pool())
-        .await
-        .expect("lease row");
-    (
-        row.try_get(0).expect("holder"),
-        row.try_get(1).expect("epoch"),
-    )
-}
-
 /// A second store on the same database and table: another relay instance.
 async fn second_store(td: &TestDb) -> Arc<dyn OutboxStore> {
     Arc::new(
@@ -62,7 +34,10 @@ async fn database_lease_primitives(db: Db) {
     let e = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
         .await
         .expect("a free lease is acquired");
-    assert_eq!(lease_row(&td, &name).await, (Some("A".into()), e));
+    assert_eq!(
+        td.lease_row(&name).await.expect("lease row"),
+        (Some("A".into()), e)
+    );
     assert_eq!(
         bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
         None,
@@ -111,7 +86,10 @@ async fn database_lease_primitives(db: Db) {
     // A's renewal is refused and re-creates nothing; its release takes nothing from B.
     assert!(!bounded("late renew A", store.lease_renew(&name, "A", e, ttl)).await);
     bounded("stale release A", store.lease_release(&name, "A", e)).await;
-    assert_eq!(lease_row(&td, &name).await, (Some("B".into()), e2));
+    assert_eq!(
+        td.lease_row(&name).await.expect("lease row"),
+        (Some("B".into()), e2)
+    );
     assert_eq!(
         bounded("acquire A", store.lease_acquire(&name, "A", ttl)).await,
         None
@@ -119,7 +97,7 @@ async fn database_lease_primitives(db: Db) {
 
     // B releases: A acquires at once, long before B's 30s ttl.
     bounded("release B", store.lease_release(&name, "B", e2)).await;
-    assert_eq!(lease_row(&td, &name).await, (None, e2));
+    assert_eq!(td.lease_row(&name).await.expect("lease row"), (None, e2));
     let e3 = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
         .await
         .expect("a released lease is free at once");
@@ -130,7 +108,10 @@ async fn database_lease_primitives(db: Db) {
     let e4 = bounded("advance_epoch", store.advance_epoch(&name, "C")).await;
     assert_eq!(e4, e3 + 1);
     assert!(!bounded("renew A", store.lease_renew(&name, "A", e3, ttl)).await);
-    assert_eq!(lease_row(&td, &name).await, (Some("C".into()), e4));
+    assert_eq!(
+        td.lease_row(&name).await.expect("lease row"),
+        (Some("C".into()), e4)
+    );
     td.drop_table().await;
 }
 
@@ -157,18 +138,15 @@ async fn lease_names_are_independent(db: Db) {
     )
     .await;
     assert_eq!(e3, 1);
-    assert_eq!(lease_row(&td, &one).await, (Some("A".into()), 1));
-    assert_eq!(lease_row(&td, &two).await, (Some("B".into()), 1));
+    assert_eq!(
+        td.lease_row(&one).await.expect("lease row"),
+        (Some("A".into()), 1)
+    );
+    assert_eq!(
+        td.lease_row(&two).await.expect("lease row"),
+        (Some("B".into()), 1)
+    );
     td.drop_table().await;
-}
-
-/// A timestamp expression `secs` seconds from the database's now (negative: in the past).
-fn db_time(db: Db, secs: i64) -> String {
-    match db {
-        Db::Postgres => format!("(now() + make_interval(secs => {secs}))"),
-        Db::MySql => format!("DATE_ADD(NOW(6), INTERVAL {secs} SECOND)"),
-        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','{secs} seconds')"),
-    }
 }
 
 fn held_fence(rx: &watch::Receiver<LeaseState>, name: &str) -> Option<i64> {
@@ -242,7 +220,7 @@ async fn keepers_hand_off_on_release(db: Db) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (holder, row_epoch) = lease_row(&td, &name).await;
+    let (holder, row_epoch) = td.lease_row(&name).await.expect("lease row");
     assert_eq!(row_epoch, epoch);
     assert!(holder.unwrap().starts_with(&format!("inst{first}#")));
 
@@ -270,7 +248,11 @@ async fn keepers_hand_off_on_release(db: Db) {
     )
     .await
     .expect("release finished");
-    assert_eq!(lease_row(&td, &name).await.0, None, "released on stop");
+    assert_eq!(
+        td.lease_row(&name).await.expect("lease row").0,
+        None,
+        "released on stop"
+    );
     td.drop_table().await;
 }
 
@@ -325,7 +307,7 @@ async fn watchdog_keeps_the_lease_past_its_ttl(db: Db) {
         deadlines >= 5,
         "only {deadlines} distinct deadlines in 2s: the watchdog is not renewing"
     );
-    assert_eq!(lease_row(&td, &name).await.1, epoch);
+    assert_eq!(td.lease_row(&name).await.expect("lease row").1, epoch);
     tokio::time::timeout(Duration::from_secs(10), keeper.release())
         .await
         .expect("release finished");
@@ -378,7 +360,7 @@ async fn a_keeper_that_loses_its_lease_stops(db: Db) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
-        lease_row(&td, &name).await,
+        td.lease_row(&name).await.expect("lease row"),
         (Some("thief".into()), thief_epoch)
     );
 

@@ -20,20 +20,13 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::fmt::Display;
-use std::future::Future;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_relay::store::{NewRow, OutboxStore, SqlStore};
 use sqlx::Row;
-use support::receiver::{Received, Receiver};
+use support::process::*;
+use support::receiver::{Received, Receiver, only_sender, sender, senders, timeline};
 use support::redis::RedisServer;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Per-relay settings of one test.
 #[derive(Debug, Clone, Copy)]
@@ -60,27 +53,6 @@ impl Knobs {
             sink_concurrency: None,
         }
     }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
-/// Signed milliseconds from `from` to `to`.
-fn delta_ms(from: Instant, to: Instant) -> f64 {
-    if to >= from {
-        (to - from).as_secs_f64() * 1000.0
-    } else {
-        -((from - to).as_secs_f64() * 1000.0)
-    }
-}
-
-/// A running `outbox-relay run`; SIGKILLed when dropped (its log is printed if the test failed).
-struct RelayProc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    status: Option<ExitStatus>,
 }
 
 impl RelayProc {
@@ -124,242 +96,23 @@ headers = {{ "x-relay" = "{name}" }}
             sink_timeout = ms(knobs.sink_timeout),
             url = rx.url(),
         );
-        let config_path = td.dir.path().join(format!("{name}.toml"));
-        std::fs::write(&config_path, config).expect("write config");
-        let log = td.dir.path().join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).expect("create log");
-        let err = out.try_clone().expect("clone log");
-        let mut cmd = Command::new(relay_bin());
-        // Nothing from the test's own environment may leak into the relay's configuration.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("OUTBOX_RELAY") {
-                cmd.env_remove(&k);
-            }
-        }
-        let child = cmd
-            .env_remove("RUST_LOG")
-            .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
-            .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
-            .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
-            .env("OUTBOX_RELAY__RELAY__INSTANCE_ID", name)
-            .env("OUTBOX_RELAY__LEASE__BACKEND", "redis")
-            .env("OUTBOX_RELAY__LEASE__REDIS_URL", redis_url)
-            .env("OUTBOX_RELAY__LEASE__NAME", lease)
-            .env("OUTBOX_RELAY__LEASE__TTL", ms(knobs.ttl))
-            .env(
-                "OUTBOX_RELAY__LEASE__RENEW_TIMEOUT",
-                ms(knobs.renew_timeout),
-            )
-            .arg("--config")
-            .arg(&config_path)
-            .arg("run")
-            .current_dir(td.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn outbox-relay");
-        RelayProc {
-            name: name.to_string(),
-            child,
-            log,
-            status: None,
-        }
+        let config_path = write_config(td.dir.path(), &format!("{name}.toml"), &config);
+        RelayProc::start_instance(
+            td,
+            &config_path,
+            name,
+            [
+                ("OUTBOX_RELAY__LEASE__BACKEND", "redis".to_string()),
+                ("OUTBOX_RELAY__LEASE__REDIS_URL", redis_url.to_string()),
+                ("OUTBOX_RELAY__LEASE__NAME", lease.to_string()),
+                ("OUTBOX_RELAY__LEASE__TTL", ms(knobs.ttl)),
+                (
+                    "OUTBOX_RELAY__LEASE__RENEW_TIMEOUT",
+                    ms(knobs.renew_timeout),
+                ),
+            ],
+        )
     }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// True while the process has not exited.
-    fn running(&mut self) -> bool {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status.is_none()
-    }
-
-    /// Sends a signal by name (`TERM`, `STOP`, `CONT`) through `kill(1)`.
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.pid().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{sig} {} ({}) failed", self.pid(), self.name);
-    }
-
-    /// SIGKILL, and reap.
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        self.status = Some(self.child.wait().expect("wait after kill"));
-    }
-
-    /// Waits for the exit, polling every 2 ms; returns the status and when the exit was seen.
-    async fn wait_exit(&mut self, timeout: Duration) -> (ExitStatus, Instant) {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            if Instant::now() >= deadline {
-                panic!(
-                    "relay {} did not exit within {timeout:?}\n{}",
-                    self.name,
-                    self.log_text()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        (self.status.expect("exited"), Instant::now())
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The `/metrics` address, from the "serving /metrics" log line (waits up to 10 s).
-    async fn http_addr(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let log = self.log_text();
-            let found = log
-                .lines()
-                .filter(|l| l.contains("serving /metrics"))
-                .find_map(|l| l.split("addr=").nth(1))
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Some(addr) = found {
-                return addr;
-            }
-            if Instant::now() >= deadline {
-                panic!("relay {} never logged its HTTP address:\n{log}", self.name);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// The sum of a metric's samples whose label text contains `labels` (0 when absent).
-    async fn metric(&self, name: &str, labels: &str) -> f64 {
-        let addr = self.http_addr().await;
-        let (_, body) = http_get(&addr, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("GET /metrics of relay {}: {e}", self.name));
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter(|l| l.contains(labels))
-            .filter_map(|l| l.rsplit(' ').next())
-            .filter_map(|v| v.parse::<f64>().ok())
-            .sum()
-    }
-
-    /// `/readyz`: (status, body).
-    async fn readyz(&self) -> (u16, String) {
-        let addr = self.http_addr().await;
-        http_get(&addr, "/readyz")
-            .await
-            .unwrap_or_else(|e| panic!("GET /readyz of relay {}: {e}", self.name))
-    }
-}
-
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            let log = self.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("---- log of relay {} (last 60 lines) ----", self.name);
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
-}
-
-/// A plain HTTP/1.0 GET; returns the status and the body.
-async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| anyhow::anyhow!("no HTTP status in {text:?}"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        anyhow::Ok((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(5), fut)
-        .await
-        .map_err(|_| anyhow::anyhow!("GET {path} timed out"))?
-}
-
-/// Who sent a request (the `x-relay` header).
-fn sender(r: &Received) -> String {
-    r.header("x-relay").unwrap_or("?").to_string()
-}
-
-fn senders<'a>(reqs: impl IntoIterator<Item = &'a Received>) -> BTreeSet<String> {
-    reqs.into_iter().map(sender).collect()
-}
-
-/// A summary of the requests (for failure messages): sender, row, arrival relative to `t0`.
-fn timeline(reqs: &[Received], t0: Instant) -> String {
-    let mut out = String::new();
-    for r in reqs
-        .iter()
-        .rev()
-        .take(40)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-    {
-        out.push_str(&format!(
-            "  {:>8.1} ms  from {}  row {:?}\n",
-            delta_ms(t0, r.at),
-            sender(r),
-            r.id
-        ));
-    }
-    out
-}
-
-/// Polls `check` every 20 ms until it holds; panics naming `what` after `timeout`.
-async fn until<F, Fut>(what: impl Display, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Inserts `n` webhook rows in one statement.
-async fn insert_rows(td: &TestDb, n: usize) {
-    td.exec(&format!(
-        "INSERT INTO {{t}} (channel, payload) \
-         SELECT 'hook', jsonb_build_object('n', g) FROM generate_series(1, {n}) g"
-    ))
-    .await;
 }
 
 /// All row ids.
@@ -371,38 +124,6 @@ async fn all_ids(td: &TestDb) -> BTreeSet<i64> {
         .iter()
         .map(|r| r.try_get::<i64, _>(0).expect("id"))
         .collect()
-}
-
-/// Waits until every row is SUCCESS.
-async fn wait_all_success(td: &TestDb, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let [pending, retry, success, failed] = td.counts().await;
-        if pending + retry + failed == 0 && success > 0 {
-            return;
-        }
-        if Instant::now() >= deadline {
-            let sql = format!(
-                "SELECT concat_ws(' ', id, status, coalesce(claimed_by, '-'), \
-                 coalesce(claimed_until::text, '-'), coalesce(last_error, '-')) \
-                 FROM {} WHERE status <> 'SUCCESS' ORDER BY id LIMIT 20",
-                td.table
-            );
-            let rows: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(sql))
-                .fetch_all(td.store.pool())
-                .await
-                .expect("unfinished rows")
-                .iter()
-                .map(|r| r.try_get::<String, _>(0).expect("text"))
-                .collect();
-            panic!(
-                "rows not all SUCCESS after {timeout:?}: pending {pending}, retry {retry}, \
-                 success {success}, failed {failed}; unfinished (id status claimed_by \
-                 claimed_until last_error): {rows:#?}"
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Every row, as stored: a snapshot to compare before and after a woken process acts.
@@ -427,59 +148,6 @@ async fn snapshot(td: &TestDb) -> BTreeMap<i64, String> {
         .collect()
 }
 
-/// The fencing row of a lease: (holder, epoch), `None` before any acquisition.
-async fn lease_row(td: &TestDb, name: &str) -> Option<(Option<String>, i64)> {
-    sqlx::query("SELECT holder, epoch FROM outbox_relay_lease WHERE name = $1")
-        .bind(name.to_string())
-        .fetch_optional(td.store.pool())
-        .await
-        .expect("lease row")
-        .map(|r| {
-            (
-                r.try_get::<Option<String>, _>(0).expect("holder"),
-                r.try_get::<i64, _>(1).expect("epoch"),
-            )
-        })
-}
-
-/// Enqueues a row every `every` until stopped (rows are always available).
-struct Feeder {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<u64>,
-}
-
-impl Feeder {
-    fn start(store: Arc<SqlStore>, every: Duration) -> Feeder {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut n = 0u64;
-            let mut tick = tokio::time::interval(every);
-            while !flag.load(Ordering::Relaxed) {
-                tick.tick().await;
-                n += 1;
-                store
-                    .enqueue(&NewRow {
-                        channel: "hook".into(),
-                        recipient: None,
-                        payload: format!(r#"{{"feed":{n}}}"#),
-                        ordering_key: None,
-                    })
-                    .await
-                    .expect("enqueue");
-            }
-            n
-        });
-        Feeder { stop, task }
-    }
-
-    /// Stops feeding; returns how many rows were enqueued.
-    async fn stop(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("feeder")
-    }
-}
-
 /// Starts one relay per name.
 fn start_relays(
     td: &TestDb,
@@ -495,24 +163,12 @@ fn start_relays(
         .collect()
 }
 
+/// The index of the relay named `name` in `relays`.
 fn index_of(relays: &[RelayProc], name: &str) -> usize {
     relays
         .iter()
         .position(|r| r.name == name)
         .unwrap_or_else(|| panic!("no relay named {name:?}"))
-}
-
-/// The only sender so far; panics (with the timeline) if there were several or none.
-fn only_sender(rx: &Receiver, t0: Instant, what: &str) -> String {
-    let reqs = rx.requests();
-    let s = senders(&reqs);
-    assert_eq!(
-        s.len(),
-        1,
-        "{what}: expected exactly one relay delivering, saw {s:?}\n{}",
-        timeline(&reqs, t0)
-    );
-    s.into_iter().next().expect("one sender")
 }
 
 /// Asserts that the Redis key, the fencing row and the metrics agree that `holder` holds.
@@ -531,14 +187,14 @@ async fn assert_holder(
         token.starts_with(&format!("{holder}#")),
         "the lease key holds {token:?}, but {holder} is the one delivering"
     );
-    let (db_holder, epoch) = lease_row(td, lease).await.expect("fencing row exists");
+    let (db_holder, epoch) = td.lease_row(lease).await.expect("fencing row exists");
     assert_eq!(
         db_holder.as_deref(),
         Some(token.as_str()),
         "outbox_relay_lease.holder must be the Redis token of the holder"
     );
     for r in relays {
-        let held = r.metric("outbox_relay_lease_held", "").await;
+        let held = r.metric("outbox_relay_lease_held").await;
         let want = if r.name == holder { 1.0 } else { 0.0 };
         assert_eq!(
             held, want,
@@ -547,7 +203,7 @@ async fn assert_holder(
         );
     }
     if let Some(r) = relays.iter().find(|r| r.name == holder) {
-        let e = r.metric("outbox_relay_lease_epoch", "").await;
+        let e = r.metric("outbox_relay_lease_epoch").await;
         assert_eq!(e, epoch as f64, "outbox_relay_lease_epoch of the holder");
     }
     (token, epoch)
@@ -578,7 +234,7 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let h = only_sender(&rx, t0, "three relays running");
+    let h = only_sender(&rx.requests(), t0, "three relays running");
     let (_, epoch1) = assert_holder(&redis, &td, &lease, &relays, &h).await;
     let sent_by_h: HashSet<i64> = rx.requests().iter().filter_map(|r| r.id).collect();
 
@@ -627,7 +283,7 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
     );
 
     // Exactly one successor, which acquired once (one epoch bump).
-    let s = sender(first);
+    let s = sender(first).to_string();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let after: Vec<Received> = rx
         .requests()
@@ -651,7 +307,8 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
     // Every row delivered; only rows the dead holder had sent may have been sent twice (its
     // unrecorded sends, re-sent after their claims expired).
     let fed = feeder.stop().await;
-    wait_all_success(&td, knobs.claim_ttl + Duration::from_secs(8)).await;
+    td.wait_all_success(knobs.claim_ttl + Duration::from_secs(8))
+        .await;
     let ids = all_ids(&td).await;
     let counts = rx.count_by_id();
     for id in &ids {
@@ -701,7 +358,7 @@ async fn sigterm_hands_over_within_200ms() {
         ..Knobs::fast()
     };
     let lease = td.table.clone();
-    insert_rows(&td, 250).await;
+    td.insert_hook_rows(250).await;
     rx.set_delay(Duration::from_millis(50));
     let t0 = Instant::now();
     let mut relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
@@ -709,13 +366,13 @@ async fn sigterm_hands_over_within_200ms() {
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let h = only_sender(&rx, t0, "two relays running");
+    let h = only_sender(&rx.requests(), t0, "two relays running");
     assert_holder(&redis, &td, &lease, &relays, &h).await;
     let hi = index_of(&relays, &h);
 
     let t_term = Instant::now();
     relays[hi].signal("TERM");
-    let (status, t_exit) = relays[hi].wait_exit(Duration::from_secs(10)).await;
+    let (status, t_exit) = relays[hi].wait_exit_at(Duration::from_secs(10)).await;
     assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
     let log = relays[hi].log_text();
     assert!(
@@ -769,7 +426,7 @@ async fn sigterm_hands_over_within_200ms() {
         "the old holder sent after its exit: {late:?}"
     );
 
-    wait_all_success(&td, Duration::from_secs(20)).await;
+    td.wait_all_success(Duration::from_secs(20)).await;
     let counts = rx.count_by_id();
     let ids = all_ids(&td).await;
     assert_eq!(ids.len(), 250);
@@ -803,7 +460,7 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let h = only_sender(&rx, t0, "before the outage");
+    let h = only_sender(&rx.requests(), t0, "before the outage");
     assert_holder(&redis, &td, &lease, &relays, &h).await;
 
     // Outage.
@@ -842,7 +499,7 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
     );
     for r in &relays {
         assert_eq!(
-            r.metric("outbox_relay_lease_held", "").await,
+            r.metric("outbox_relay_lease_held").await,
             0.0,
             "relay {} reports holding the lease while Redis is down",
             r.name
@@ -900,7 +557,7 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
     let ni = index_of(&relays, &n);
     let t_term = Instant::now();
     relays[ni].signal("TERM");
-    let (status, t_exit) = relays[ni].wait_exit(Duration::from_secs(10)).await;
+    let (status, t_exit) = relays[ni].wait_exit_at(Duration::from_secs(10)).await;
     assert!(status.success());
     let moved = rx
         .wait_until(
@@ -923,7 +580,7 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
     );
 
     feeder.stop().await;
-    wait_all_success(&td, Duration::from_secs(15)).await;
+    td.wait_all_success(Duration::from_secs(15)).await;
     let counts = rx.count_by_id();
     for id in all_ids(&td).await {
         assert!(
@@ -951,7 +608,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
         ..Knobs::fast()
     };
     let lease = td.table.clone();
-    insert_rows(&td, 40).await;
+    td.insert_hook_rows(40).await;
     // The first holder's result writes are slow (a stalled database: 200 ms per row), so the
     // SIGSTOP below lands while its result statement runs. That statement may complete on the
     // server, but it must not leave rows locked while the process is stopped (nobody could
@@ -1001,7 +658,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
         .await;
     assert!(answered, "relay a delivered nothing");
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let h = only_sender(&rx, t0, "before the pause");
+    let h = only_sender(&rx.requests(), t0, "before the pause");
     assert_eq!(h, "a");
     let hi = index_of(&relays, &h);
     let t_stop_sent = Instant::now();
@@ -1009,12 +666,13 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     let t_stop = Instant::now();
     // Bytes already on the wire still arrive; nothing may be sent after this.
     let wire = t_stop + Duration::from_millis(100);
-    let (_, epoch_h) = lease_row(&td, &lease).await.expect("fencing row");
+    let (_, epoch_h) = td.lease_row(&lease).await.expect("fencing row");
 
     // The other relay takes over; the paused one's claims expire and are re-delivered.
-    wait_all_success(&td, knobs.claim_ttl + Duration::from_secs(10)).await;
+    td.wait_all_success(knobs.claim_ttl + Duration::from_secs(10))
+        .await;
     let settled = snapshot(&td).await;
-    let (holder_now, epoch_now) = lease_row(&td, &lease).await.expect("fencing row");
+    let (holder_now, epoch_now) = td.lease_row(&lease).await.expect("fencing row");
     assert!(epoch_now > epoch_h, "the takeover must bump the epoch");
     let reqs = rx.requests();
     let before: Vec<&Received> = reqs
@@ -1069,7 +727,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
         "the woken relay's writes changed rows: {changed:?}"
     );
     assert_eq!(
-        lease_row(&td, &lease).await.expect("fencing row"),
+        td.lease_row(&lease).await.expect("fencing row"),
         (holder_now.clone(), epoch_now),
         "the woken relay must not take the lease back"
     );
@@ -1125,7 +783,7 @@ async fn foreign_key_keeps_relays_out_until_it_expires() {
         .expect("SET");
     assert_eq!(reply.text(), Some("OK"), "foreign SET NX: {reply:?}");
     let expiry = t0 + Duration::from_millis(3000);
-    insert_rows(&td, 20).await;
+    td.insert_hook_rows(20).await;
     let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
 
     tokio::time::sleep_until((t0 + Duration::from_millis(2500)).into()).await;
@@ -1136,7 +794,7 @@ async fn foreign_key_keeps_relays_out_until_it_expires() {
     );
     assert_eq!(redis.get(&lease).await.as_deref(), Some("other"));
     assert!(
-        lease_row(&td, &lease)
+        td.lease_row(&lease)
             .await
             .is_none_or(|(_, epoch)| epoch == 0),
         "no relay may have acquired (bumped the epoch) while the foreign key lives"
@@ -1166,8 +824,8 @@ async fn foreign_key_keeps_relays_out_until_it_expires() {
         first.at <= expiry + knobs.ttl + Duration::from_millis(500),
         "the relays took {after_expiry:.0} ms to notice the foreign key expired"
     );
-    wait_all_success(&td, Duration::from_secs(10)).await;
-    let h = only_sender(&rx, t0, "after the foreign key expired");
+    td.wait_all_success(Duration::from_secs(10)).await;
+    let h = only_sender(&rx.requests(), t0, "after the foreign key expired");
     assert_holder(&redis, &td, &lease, &relays, &h).await;
 
     // The relay's key keeps a foreign client out, too.
@@ -1197,14 +855,14 @@ async fn slow_deliveries_keep_one_holder() {
         ..Knobs::fast()
     };
     let lease = td.table.clone();
-    insert_rows(&td, 6).await;
+    td.insert_hook_rows(6).await;
     rx.set_delay(Duration::from_millis(2500));
     let t0 = Instant::now();
     let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
 
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
-    let h = only_sender(&rx, t0, "first delivery");
+    let h = only_sender(&rx.requests(), t0, "first delivery");
     let (token, epoch) = assert_holder(&redis, &td, &lease, &relays, &h).await;
 
     // Sample the key and the epoch while the slow sends run (2 rounds of 2.5 s = 5 ttls).
@@ -1217,7 +875,7 @@ async fn slow_deliveries_keep_one_holder() {
             delta_ms(t0, Instant::now())
         );
         assert_eq!(
-            lease_row(&td, &lease).await.map(|(_, e)| e),
+            td.lease_row(&lease).await.map(|(_, e)| e),
             Some(epoch),
             "the epoch moved during a slow delivery"
         );
@@ -1247,9 +905,9 @@ async fn slow_deliveries_keep_one_holder() {
     }
     let hr = &relays[index_of(&relays, &h)];
     let renewals = hr
-        .metric("outbox_relay_lease_renewals_total", "result=\"ok\"")
+        .metric_labelled("outbox_relay_lease_renewals_total", "result=\"ok\"")
         .await;
-    let lost = hr.metric("outbox_relay_lease_lost_total", "").await;
+    let lost = hr.metric("outbox_relay_lease_lost_total").await;
     println!(
         "slow deliveries: {} requests over {:.1} s, all from {h}; {renewals} renewals",
         reqs.len(),
@@ -1286,7 +944,7 @@ async fn auth_password_is_used_and_never_logged() {
     let knobs = Knobs::fast();
     let lease = td.table.clone();
     let port = redis.port();
-    insert_rows(&td, 10).await;
+    td.insert_hook_rows(10).await;
     let t0 = Instant::now();
 
     // Wrong password alone: never acquires.
@@ -1304,7 +962,7 @@ async fn auth_password_is_used_and_never_logged() {
         "the lease key must not exist"
     );
     assert!(
-        lease_row(&td, &lease).await.is_none_or(|(_, e)| e == 0),
+        td.lease_row(&lease).await.is_none_or(|(_, e)| e == 0),
         "no epoch bump without the lease"
     );
     let log = bad.log_text();
@@ -1330,15 +988,12 @@ async fn auth_password_is_used_and_never_logged() {
     // The right password: acquires and delivers.
     let good_url = format!("redis://:{GOOD}@127.0.0.1:{port}");
     let mut good = RelayProc::start(&td, &knobs, &rx, &good_url, &lease, "good");
-    wait_all_success(&td, Duration::from_secs(15)).await;
-    let h = only_sender(&rx, t0, "with AUTH");
+    td.wait_all_success(Duration::from_secs(15)).await;
+    let h = only_sender(&rx.requests(), t0, "with AUTH");
     assert_eq!(h, "good");
     let token = redis.get(&lease).await.expect("lease key");
     assert!(token.starts_with("good#"), "key holds {token:?}");
-    assert_eq!(
-        lease_row(&td, &lease).await.and_then(|(h, _)| h),
-        Some(token)
-    );
+    assert_eq!(td.lease_row(&lease).await.and_then(|(h, _)| h), Some(token));
     assert_eq!(
         good.readyz().await.0,
         200,
@@ -1370,12 +1025,12 @@ async fn auth_password_is_used_and_never_logged() {
         .expect("ACL SETUSER");
     assert_eq!(reply.text(), Some("OK"), "ACL SETUSER: {reply:?}");
     good.signal("TERM");
-    let (status, _) = good.wait_exit(Duration::from_secs(10)).await;
+    let status = good.wait_exit(Duration::from_secs(10)).await;
     assert!(status.success());
     let acl_url = format!("redis://relay:{ACL_PW}@127.0.0.1:{port}");
     let acl = RelayProc::start(&td, &knobs, &rx, &acl_url, &lease, "acl");
-    insert_rows(&td, 5).await;
-    wait_all_success(&td, Duration::from_secs(15)).await;
+    td.insert_hook_rows(5).await;
+    td.wait_all_success(Duration::from_secs(15)).await;
     let token = redis.get(&lease).await.expect("lease key");
     assert!(
         token.starts_with("acl#"),

@@ -16,45 +16,17 @@
 
 mod support;
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_relay::lease::{Lease, RedlockLease};
-use outbox_relay::store::{NewRow, OutboxStore, SqlStore};
-use sqlx::Row;
-use support::receiver::{Received, Receiver};
+use support::process::*;
+use support::receiver::{Received, Receiver, only_sender, sender, senders, timeline};
 use support::redis::RedisServer;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The relays' lease ttl and renew timeout (node timeout: min(200/3, 100) = 66 ms).
 const TTL: Duration = Duration::from_secs(1);
 const RENEW_TIMEOUT: Duration = Duration::from_millis(200);
-
-fn ms(d: Duration) -> String {
-    format!("{}ms", d.as_millis())
-}
-
-/// Signed milliseconds from `from` to `to`.
-fn delta_ms(from: Instant, to: Instant) -> f64 {
-    if to >= from {
-        (to - from).as_secs_f64() * 1000.0
-    } else {
-        -((from - to).as_secs_f64() * 1000.0)
-    }
-}
-
-/// A running `outbox-relay run`; SIGKILLed when dropped (its log is printed if the test failed).
-struct RelayProc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-    status: Option<ExitStatus>,
-}
 
 impl RelayProc {
     /// Starts instance `name` on `td`'s table with the redlock lease `lease` on `nodes`.
@@ -91,273 +63,20 @@ headers = {{ "x-relay" = "{name}" }}
 "#,
             url = rx.url(),
         );
-        let config_path = td.dir.path().join(format!("{name}.toml"));
-        std::fs::write(&config_path, config).expect("write config");
-        let log = td.dir.path().join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).expect("create log");
-        let err = out.try_clone().expect("clone log");
+        let config_path = write_config(td.dir.path(), &format!("{name}.toml"), &config);
         let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
-        let mut cmd = Command::new(relay_bin());
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("OUTBOX_RELAY") {
-                cmd.env_remove(&k);
-            }
-        }
-        let child = cmd
-            .env_remove("RUST_LOG")
-            .env("OUTBOX_RELAY__DATABASE__URL", &td.url)
-            .env("OUTBOX_RELAY__DATABASE__TABLE", &td.table)
-            .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
-            .env("OUTBOX_RELAY__RELAY__INSTANCE_ID", name)
-            .env("OUTBOX_RELAY__LEASE__BACKEND", "redlock")
-            .env("OUTBOX_RELAY__LEASE__REDLOCK_URLS", urls.join(","))
-            .env("OUTBOX_RELAY__LEASE__NAME", lease)
-            .env("OUTBOX_RELAY__LEASE__TTL", ms(ttl))
-            .env("OUTBOX_RELAY__LEASE__RENEW_TIMEOUT", ms(RENEW_TIMEOUT))
-            .arg("--config")
-            .arg(&config_path)
-            .arg("run")
-            .current_dir(td.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn outbox-relay");
-        RelayProc {
-            name: name.to_string(),
-            child,
-            log,
-            status: None,
-        }
-    }
-
-    fn running(&mut self) -> bool {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status.is_none()
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        self.status = Some(self.child.wait().expect("wait after kill"));
-    }
-
-    fn sigterm(&self) {
-        let ok = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -TERM {} failed", self.name);
-    }
-
-    /// Waits for the exit (polling every 2 ms); returns the status and when it was seen.
-    async fn wait_exit(&mut self, timeout: Duration) -> (ExitStatus, Instant) {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            assert!(
-                Instant::now() < deadline,
-                "relay {} did not exit within {timeout:?}",
-                self.name
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        (self.status.expect("exited"), Instant::now())
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The HTTP address, from the "serving /metrics" log line (waits up to 10 s).
-    async fn http_addr(&self) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let log = self.log_text();
-            let found = log
-                .lines()
-                .filter(|l| l.contains("serving /metrics"))
-                .find_map(|l| l.split("addr=").nth(1))
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Some(addr) = found {
-                return addr;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "relay {} never logged its HTTP address",
-                self.name
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// A metric's value (the sum of its samples; 0 when absent).
-    async fn metric(&self, name: &str) -> f64 {
-        let (_, body) = http_get(&self.http_addr().await, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("GET /metrics of relay {}: {e}", self.name));
-        body.lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|r| r.starts_with(' ') || r.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    }
-
-    async fn readyz(&self) -> (u16, String) {
-        http_get(&self.http_addr().await, "/readyz")
-            .await
-            .unwrap_or_else(|e| panic!("GET /readyz of relay {}: {e}", self.name))
-    }
-}
-
-impl Drop for RelayProc {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-        if std::thread::panicking() {
-            let log = self.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("---- log of relay {} (last 60 lines) ----", self.name);
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
-        }
-    }
-}
-
-/// A plain HTTP/1.0 GET: (status, body).
-async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await?;
-        let mut text = String::new();
-        s.read_to_string(&mut text).await?;
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse::<u16>().ok())
-            .ok_or_else(|| anyhow::anyhow!("no HTTP status in {text:?}"))?;
-        let body = text
-            .split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default();
-        anyhow::Ok((status, body))
-    };
-    tokio::time::timeout(Duration::from_secs(5), fut)
-        .await
-        .map_err(|_| anyhow::anyhow!("GET {path} timed out"))?
-}
-
-fn sender(r: &Received) -> String {
-    r.header("x-relay").unwrap_or("?").to_string()
-}
-
-fn senders<'a>(reqs: impl IntoIterator<Item = &'a Received>) -> BTreeSet<String> {
-    reqs.into_iter().map(sender).collect()
-}
-
-/// The last 40 requests (for failure messages): arrival relative to `t0`, sender, row.
-fn timeline(reqs: &[Received], t0: Instant) -> String {
-    let skip = reqs.len().saturating_sub(40);
-    reqs.iter()
-        .skip(skip)
-        .map(|r| {
-            format!(
-                "  {:>8.1} ms  from {}  row {:?}\n",
-                delta_ms(t0, r.at),
-                sender(r),
-                r.id
-            )
-        })
-        .collect()
-}
-
-/// The only sender so far; panics (with the timeline) if there were several or none.
-fn only_sender(reqs: &[Received], t0: Instant, what: &str) -> String {
-    let s = senders(reqs);
-    assert_eq!(
-        s.len(),
-        1,
-        "{what}: expected exactly one relay delivering, saw {s:?}\n{}",
-        timeline(reqs, t0)
-    );
-    s.into_iter().next().expect("one sender")
-}
-
-async fn insert_rows(td: &TestDb, n: usize) {
-    td.exec(&format!(
-        "INSERT INTO {{t}} (channel, payload) \
-         SELECT 'hook', jsonb_build_object('n', g) FROM generate_series(1, {n}) g"
-    ))
-    .await;
-}
-
-/// Waits until every row is SUCCESS.
-async fn wait_all_success(td: &TestDb, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let [pending, retry, success, failed] = td.counts().await;
-        if pending + retry + failed == 0 && success > 0 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rows not all SUCCESS after {timeout:?}: pending {pending}, retry {retry}, \
-             success {success}, failed {failed}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The fencing row: (holder, epoch), `None` before any acquisition.
-async fn lease_row(td: &TestDb, name: &str) -> Option<(Option<String>, i64)> {
-    sqlx::query("SELECT holder, epoch FROM outbox_relay_lease WHERE name = $1")
-        .bind(name.to_string())
-        .fetch_optional(td.store.pool())
-        .await
-        .expect("lease row")
-        .map(|r| (r.try_get(0).expect("holder"), r.try_get(1).expect("epoch")))
-}
-
-/// Enqueues a row every `every` until stopped.
-struct Feeder {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Feeder {
-    fn start(store: Arc<SqlStore>, every: Duration) -> Feeder {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut n = 0u64;
-            let mut tick = tokio::time::interval(every);
-            while !flag.load(Ordering::Relaxed) {
-                tick.tick().await;
-                n += 1;
-                let row = NewRow {
-                    channel: "hook".into(),
-                    recipient: None,
-                    payload: format!(r#"{{"feed":{n}}}"#),
-                    ordering_key: None,
-                };
-                store.enqueue(&row).await.expect("enqueue");
-            }
-        });
-        Feeder { stop, task }
-    }
-
-    async fn stop(self) {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("feeder");
+        RelayProc::start_instance(
+            td,
+            &config_path,
+            name,
+            [
+                ("OUTBOX_RELAY__LEASE__BACKEND", "redlock".to_string()),
+                ("OUTBOX_RELAY__LEASE__REDLOCK_URLS", urls.join(",")),
+                ("OUTBOX_RELAY__LEASE__NAME", lease.to_string()),
+                ("OUTBOX_RELAY__LEASE__TTL", ms(ttl)),
+                ("OUTBOX_RELAY__LEASE__RENEW_TIMEOUT", ms(RENEW_TIMEOUT)),
+            ],
+        )
     }
 }
 
@@ -395,7 +114,7 @@ async fn assert_holder(
     holder: &str,
 ) {
     let ks = keys(nodes, lease).await;
-    let (db_holder, epoch) = lease_row(td, lease).await.expect("fencing row exists");
+    let (db_holder, epoch) = td.lease_row(lease).await.expect("fencing row exists");
     let token = db_holder.expect("the fencing row names the holder");
     assert!(
         token.starts_with(&format!("{holder}#")),
@@ -438,7 +157,7 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let h = only_sender(&rx.requests(), t0, "two relays running");
     assert_holder(&mut nodes, &td, &lease, &relays, &h).await;
-    let (_, epoch1) = lease_row(&td, &lease).await.expect("row");
+    let (_, epoch1) = td.lease_row(&lease).await.expect("row");
 
     let hi = relays.iter().position(|r| r.name == h).expect("holder");
     let t_kill = Instant::now();
@@ -478,7 +197,7 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
         "the killed relay still delivered: {late:?}"
     );
 
-    let s = sender(first);
+    let s = sender(first).to_string();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let after: Vec<Received> = rx
         .requests()
@@ -488,10 +207,10 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
     assert_eq!(only_sender(&after, t0, "after the crash"), s);
     let survivors: Vec<RelayProc> = relays.drain(..).filter(|r| r.name != h).collect();
     assert_holder(&mut nodes, &td, &lease, &survivors, &s).await;
-    let (_, epoch2) = lease_row(&td, &lease).await.expect("row");
+    let (_, epoch2) = td.lease_row(&lease).await.expect("row");
     assert_eq!(epoch2, epoch1 + 1, "one takeover bumps the epoch once");
     feeder.stop().await;
-    wait_all_success(&td, Duration::from_secs(15)).await;
+    td.wait_all_success(Duration::from_secs(15)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -514,7 +233,7 @@ async fn one_node_down_is_tolerated_two_down_stop_the_holder() {
         .await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let h = only_sender(&rx.requests(), t0, "all nodes up");
-    let (_, epoch1) = lease_row(&td, &lease).await.expect("row");
+    let (_, epoch1) = td.lease_row(&lease).await.expect("row");
 
     // One node down: the holder keeps renewing on the other two, for several ttls.
     let t_one = Instant::now();
@@ -533,7 +252,7 @@ async fn one_node_down_is_tolerated_two_down_stop_the_holder() {
         timeline(&during, t0)
     );
     assert_eq!(
-        lease_row(&td, &lease).await.expect("row").1,
+        td.lease_row(&lease).await.expect("row").1,
         epoch1,
         "no re-acquisition with one node down"
     );
@@ -615,7 +334,7 @@ async fn one_node_down_is_tolerated_two_down_stop_the_holder() {
     let n = only_sender(&after, t0, "after the nodes came back");
     assert_holder(&mut nodes, &td, &lease, &relays, &n).await;
     feeder.stop().await;
-    wait_all_success(&td, Duration::from_secs(15)).await;
+    td.wait_all_success(Duration::from_secs(15)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,7 +365,7 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
         assert_eq!(r.text(), Some("OK"), "foreign SET NX: {r:?}");
     }
     let t_set = Instant::now();
-    insert_rows(&td, 20).await;
+    td.insert_hook_rows(20).await;
     let relays: Vec<RelayProc> = ["a", "b"]
         .iter()
         .map(|n| RelayProc::start(&td, TTL, &rx, &nodes, &lease, n))
@@ -655,7 +374,7 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
     tokio::time::sleep_until((t0 + Duration::from_millis(2500)).into()).await;
     assert_eq!(rx.len(), 0, "a relay delivered while the foreign key lives");
     assert!(
-        lease_row(&td, &lease)
+        td.lease_row(&lease)
             .await
             .is_none_or(|(_, epoch)| epoch == 0),
         "no relay may have acquired while a foreign client holds 2 of 3 nodes"
@@ -693,7 +412,7 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
         first.at <= t_set + Duration::from_millis(3000) + TTL,
         "the relays took too long to notice the foreign key expired"
     );
-    wait_all_success(&td, Duration::from_secs(10)).await;
+    td.wait_all_success(Duration::from_secs(10)).await;
     let h = only_sender(&rx.requests(), t0, "after the foreign key expired");
     assert_holder(&mut nodes, &td, &lease, &relays, &h).await;
 
@@ -722,7 +441,7 @@ async fn sigterm_hands_over_within_300ms() {
     // 2/3 of the ttl, far beyond the 300 ms allowed.
     let ttl = Duration::from_secs(2);
     let lease = td.table.clone();
-    insert_rows(&td, 200).await;
+    td.insert_hook_rows(200).await;
     rx.set_delay(Duration::from_millis(50));
     let t0 = Instant::now();
     let mut relays: Vec<RelayProc> = ["a", "b"]
@@ -738,7 +457,7 @@ async fn sigterm_hands_over_within_300ms() {
 
     let t_term = Instant::now();
     relays[hi].sigterm();
-    let (status, t_exit) = relays[hi].wait_exit(Duration::from_secs(10)).await;
+    let (status, t_exit) = relays[hi].wait_exit_at(Duration::from_secs(10)).await;
     assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
     assert!(
         relays[hi].log_text().contains("lease released"),
@@ -772,7 +491,7 @@ async fn sigterm_hands_over_within_300ms() {
         reqs.iter().all(|r| sender(r) != h || r.at <= t_exit),
         "the old holder sent after its exit"
     );
-    wait_all_success(&td, Duration::from_secs(20)).await;
+    td.wait_all_success(Duration::from_secs(20)).await;
     let counts = rx.count_by_id();
     assert_eq!(counts.len(), 200, "every row delivered");
     assert!(

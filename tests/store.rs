@@ -15,17 +15,6 @@ use outbox_relay::store::{
 use sqlx::Row;
 use support::*;
 
-/// Upper bound for any single store call in these tests: nothing may hang.
-const CALL: Duration = Duration::from_secs(30);
-
-async fn bounded<T>(what: &str, f: impl std::future::Future<Output = anyhow::Result<T>>) -> T {
-    match tokio::time::timeout(CALL, f).await {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => panic!("{what} failed: {e:#}"),
-        Err(_) => panic!("{what} did not finish within {CALL:?}"),
-    }
-}
-
 fn token() -> Arc<str> {
     outbox_relay::random_token().into()
 }
@@ -101,15 +90,6 @@ async fn text_column(td: &TestDb, id: i64, col: &str) -> Option<String> {
         .await
         .expect("select text column");
     row.try_get::<Option<String>, _>(0).expect("text")
-}
-
-/// A timestamp expression `secs` seconds from the database's now (negative: in the past).
-fn db_time(db: Db, secs: i64) -> String {
-    match db {
-        Db::Postgres => format!("(now() + make_interval(secs => {secs}))"),
-        Db::MySql => format!("DATE_ADD(NOW(6), INTERVAL {secs} SECOND)"),
-        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','{secs} seconds')"),
-    }
 }
 
 fn now_sql(td: &TestDb) -> &'static str {

@@ -6,14 +6,15 @@
 //! makes it fail instead.
 #![allow(dead_code)]
 
+pub mod process;
 pub mod receiver;
 pub mod redis;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
-use outbox_relay::store::{OutboxStore, SqlStore};
+use outbox_relay::store::{NewRow, OutboxStore, SqlStore};
 
 /// A database the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +136,132 @@ impl TestDb {
         )))
         .execute(self.store.pool())
         .await;
+    }
+
+    /// The fencing row of lease `name`, read directly: (holder, epoch), `None` before any
+    /// acquisition.
+    pub async fn lease_row(&self, name: &str) -> Option<(Option<String>, i64)> {
+        use sqlx::Row;
+        let sql = self
+            .store
+            .dialect()
+            .finalize("SELECT holder, epoch FROM outbox_relay_lease WHERE name = ?");
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(name.to_string())
+            .fetch_optional(self.store.pool())
+            .await
+            .expect("lease row")
+            .map(|r| {
+                (
+                    r.try_get::<Option<String>, _>(0).expect("holder"),
+                    r.try_get::<i64, _>(1).expect("epoch"),
+                )
+            })
+    }
+
+    /// Inserts `n` webhook rows (channel `hook`, payload `{"n": i}`) in one statement.
+    /// PostgreSQL only.
+    pub async fn insert_hook_rows(&self, n: usize) {
+        self.exec(&format!(
+            "INSERT INTO {{t}} (channel, payload) \
+             SELECT 'hook', jsonb_build_object('n', g) FROM generate_series(1, {n}) g"
+        ))
+        .await;
+    }
+
+    /// Waits until every row is SUCCESS (and there is at least one); after `timeout` panics
+    /// with the counts and the first unfinished rows. PostgreSQL only.
+    pub async fn wait_all_success(&self, timeout: Duration) {
+        use sqlx::Row;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let [pending, retry, success, failed] = self.counts().await;
+            if pending + retry + failed == 0 && success > 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let sql = format!(
+                    "SELECT concat_ws(' ', id, status, coalesce(claimed_by, '-'), \
+                     coalesce(claimed_until::text, '-'), coalesce(last_error, '-')) \
+                     FROM {} WHERE status <> 'SUCCESS' ORDER BY id LIMIT 20",
+                    self.table
+                );
+                let rows: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .fetch_all(self.store.pool())
+                    .await
+                    .expect("unfinished rows")
+                    .iter()
+                    .map(|r| r.try_get::<String, _>(0).expect("text"))
+                    .collect();
+                panic!(
+                    "rows not all SUCCESS after {timeout:?}: pending {pending}, retry {retry}, \
+                     success {success}, failed {failed}; unfinished (id status claimed_by \
+                     claimed_until last_error): {rows:#?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A timestamp expression `secs` seconds from the database's now (negative: in the past).
+pub fn db_time(db: Db, secs: i64) -> String {
+    match db {
+        Db::Postgres => format!("(now() + make_interval(secs => {secs}))"),
+        Db::MySql => format!("DATE_ADD(NOW(6), INTERVAL {secs} SECOND)"),
+        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','{secs} seconds')"),
+    }
+}
+
+/// Upper bound for any single store or lease call made through [`bounded`]: nothing may hang.
+pub const CALL: Duration = Duration::from_secs(30);
+
+/// Awaits `f` for at most [`CALL`]; panics naming `what` if it fails or takes longer.
+pub async fn bounded<T>(what: &str, f: impl std::future::Future<Output = anyhow::Result<T>>) -> T {
+    match tokio::time::timeout(CALL, f).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => panic!("{what} failed: {e:#}"),
+        Err(_) => panic!("{what} did not finish within {CALL:?}"),
+    }
+}
+
+/// Enqueues a webhook row (channel `hook`, payload `{"feed": n}`) every `every` until
+/// stopped, so rows are always available while relays come and go.
+pub struct Feeder {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl Feeder {
+    /// Starts feeding `store`.
+    pub fn start(store: Arc<SqlStore>, every: Duration) -> Feeder {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut n = 0u64;
+            let mut tick = tokio::time::interval(every);
+            while !flag.load(Ordering::Relaxed) {
+                tick.tick().await;
+                n += 1;
+                store
+                    .enqueue(&NewRow {
+                        channel: "hook".into(),
+                        recipient: None,
+                        payload: format!(r#"{{"feed":{n}}}"#),
+                        ordering_key: None,
+                    })
+                    .await
+                    .expect("enqueue");
+            }
+            n
+        });
+        Feeder { stop, task }
+    }
+
+    /// Stops feeding; returns how many rows were enqueued.
+    pub async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.expect("feeder")
     }
 }
 

@@ -10,7 +10,7 @@
 //! The signature is checked with an implementation of its own (hmac/sha2/base64 directly), not
 //! the relay's signing code, so a signing bug cannot verify itself.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,6 +24,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+
+use super::process::delta_ms;
 
 /// How a request is answered.
 #[derive(Debug, Clone)]
@@ -235,6 +237,46 @@ impl Drop for Receiver {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Which relay sent a request: its `x-relay` header, which the suites with several relays set
+/// to the instance name (`?` when absent).
+pub fn sender(r: &Received) -> &str {
+    r.header("x-relay").unwrap_or("?")
+}
+
+/// The relays that sent `reqs` (see [`sender`]).
+pub fn senders<'a>(reqs: impl IntoIterator<Item = &'a Received>) -> BTreeSet<String> {
+    reqs.into_iter().map(|r| sender(r).to_string()).collect()
+}
+
+/// The last 40 of `reqs`, for failure messages: arrival relative to `t0`, sender, row.
+pub fn timeline(reqs: &[Received], t0: Instant) -> String {
+    let skip = reqs.len().saturating_sub(40);
+    reqs.iter()
+        .skip(skip)
+        .map(|r| {
+            format!(
+                "  {:>8.1} ms  from {}  row {:?}\n",
+                delta_ms(t0, r.at),
+                sender(r),
+                r.id
+            )
+        })
+        .collect()
+}
+
+/// The only sender of `reqs`; panics (naming `what`, with the timeline from `t0`) if there
+/// were several or none.
+pub fn only_sender(reqs: &[Received], t0: Instant, what: &str) -> String {
+    let s = senders(reqs);
+    assert_eq!(
+        s.len(),
+        1,
+        "{what}: expected exactly one relay delivering, saw {s:?}\n{}",
+        timeline(reqs, t0)
+    );
+    s.into_iter().next().expect("one sender")
 }
 
 /// Standard Webhooks: `v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, possibly

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::process::free_port;
 use super::services_required;
 
 /// One RESP reply.
@@ -63,12 +64,6 @@ pub fn redis_server_available() -> bool {
         return false;
     };
     std::env::split_paths(&path).any(|d| d.join("redis-server").is_file())
-}
-
-/// A port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local address").port()
 }
 
 /// A `redis-server` process owned by one test.

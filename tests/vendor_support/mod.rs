@@ -3,11 +3,14 @@
 //! at test time (never stored in the repository), an RS256 verifier that does not share code
 //! with the relay's signer, request recorders for wiremock servers, and the relay binary run
 //! against a SQLite file with its log captured.
+//!
+//! The relay process is the shared [`RelayProc`] of `tests/support/process.rs`: a suite that
+//! uses this module declares `mod support;` next to `mod vendor_support;`.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -17,6 +20,8 @@ use outbox_relay::config::Settings;
 use outbox_relay::sink::{Delivery, Outcome, SinkHandle, SinkRegistry};
 use outbox_relay::store::{NewRow, OutboxStore, SqlStore};
 use sqlx::Row;
+
+use crate::support::process::{RelayProc, relay_command, write_config};
 
 /// An RSA key pair in PEM form (PKCS#8 private, SPKI public).
 pub struct KeyPair {
@@ -287,59 +292,36 @@ impl Outbox {
 
     /// Writes a config file into the outbox's directory.
     pub fn write(&self, name: &str, text: &str) -> PathBuf {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, text).expect("write");
-        p
+        write_config(self.dir.path(), name, text)
     }
 }
 
-/// `outbox-relay run` on an [`Outbox`] with `RUST_LOG=debug`; killed when dropped.
-pub struct Relay {
-    child: Child,
-    log: PathBuf,
-}
+/// `outbox-relay run` on an [`Outbox`] with `RUST_LOG=debug`; killed when dropped (its whole
+/// log is printed if the test failed).
+pub struct Relay(RelayProc);
 
 impl Relay {
+    /// Starts the relay on `outbox` with `config`; its log is `<dir>/relay.log`.
     pub fn start(outbox: &Outbox, config: &Path) -> Relay {
-        let log = outbox.dir.path().join("relay.log");
-        let out = std::fs::File::create(&log).expect("log file");
-        let err = out.try_clone().expect("clone");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("OUTBOX_RELAY") {
-                cmd.env_remove(&k);
-            }
-        }
-        let child = cmd
-            .env("RUST_LOG", "debug")
+        let mut cmd = relay_command(outbox.dir.path());
+        cmd.env("RUST_LOG", "debug")
             .env("OUTBOX_RELAY__DATABASE__URL", &outbox.url)
             .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
             .arg("--config")
             .arg(config)
-            .arg("run")
-            .current_dir(outbox.dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("spawn outbox-relay");
-        Relay { child, log }
+            .arg("run");
+        let log = outbox.dir.path().join("relay.log");
+        Relay(RelayProc::spawn("relay", &mut cmd, log).print_whole_log())
     }
 
+    /// The relay's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.0.log_text()
     }
 
     /// Stops the relay with SIGTERM and waits (at most 15 s) for it to exit.
     pub async fn stop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.0.stop(Duration::from_secs(15)).await;
     }
 
     /// Panics if any of `secrets` is in the log. A secret longer than 32 characters is
@@ -360,16 +342,6 @@ impl Relay {
                     panic!("a secret appears in the relay's log: {line:?}");
                 }
             }
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("---- relay log ----\n{}", self.log());
         }
     }
 }
