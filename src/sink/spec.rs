@@ -66,8 +66,9 @@ fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
+/// The same as `relay.max_in_flight`'s default, so that one sink alone can use every slot.
 fn default_concurrency() -> u32 {
-    32
+    64
 }
 
 impl SinkCommon {
