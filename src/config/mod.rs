@@ -351,8 +351,8 @@ impl Settings {
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator("__")
             .separator("__")
-            .list_separator(",")
-            .with_list_parse_key("lease.redlock_urls")
+            // Values stay strings (`try_parsing(false)`): "00123" must not become 123. Lists
+            // (lease.redlock_urls) are split by their own deserializer.
             .try_parsing(false)
             .source(env.map(|m| m.into_iter().collect()));
         let raw: RawSettings = builder

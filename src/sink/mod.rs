@@ -183,13 +183,4 @@ impl SinkRegistry {
             .map(|s| s.name.clone())
             .collect()
     }
-
-    /// The longest timeout of any sink.
-    pub fn max_timeout(&self) -> Duration {
-        self.sinks
-            .values()
-            .map(|s| s.timeout)
-            .max()
-            .unwrap_or(Duration::from_secs(10))
-    }
 }
