@@ -22,19 +22,33 @@
 //! (`enable_sort` and `enable_bitmapscan` off, which leaves the claim the partial index in id
 //! order) and `sync_commit=off` (commits do not wait for the WAL flush).
 //!
+//! That is the **leader** section (one relay, `relay.mode = "leader"` without a lease). The
+//! **claim** section (PostgreSQL and MariaDB/MySQL only) runs 1, 2 and 3 relays in
+//! `relay.mode = "claim"` at once in this process, each with its own pool, sinks, instance id
+//! and receiver path (`/hook/a`, `/hook/b`, `/hook/c`), on one pre-filled table, and reports
+//! rows/s, the ratio to one instance, each instance's share of the requests, and whether any
+//! row arrived twice (by `webhook-id`). It then measures the cost of ordering: the same runs
+//! (1 and 3 instances) on rows with 200 ordering keys round-robin, and a diagnostic keyed run
+//! with a 20ms `poll_interval` (a claim that comes back short, as when most keys' heads are in
+//! flight, makes the loop sleep `poll_interval`). The instances share the machine's CPUs with
+//! each other and the database server, so the ratios show how the SQL claim path scales under
+//! contention, not what more machines would give.
+//!
 //! Run: `cargo bench --bench throughput`. Environment knobs:
 //! - `OUTBOX_RELAY_BENCH_ROWS` rows for the main relay run (default 20000 on PostgreSQL,
 //!   half that on the others; variations and the naive loop use fewer, stated in the output);
 //! - `OUTBOX_RELAY_BENCH_DBS` comma-separated subset of `postgres,mysql,sqlite`;
+//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim` (default both);
+//! - `OUTBOX_RELAY_BENCH_CLAIM_ROWS` rows per claim-section run (default 10000);
 //! - `OUTBOX_RELAY_TEST_POSTGRES_URL`, `OUTBOX_RELAY_TEST_MYSQL_URL` as for the tests.
 //!
 //! A database that cannot be reached is skipped with a message. Every run is bounded in time;
 //! a run whose rows do not all finish is reported as an error (with the row counts by status)
 //! and the bench exits non-zero at the end.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
@@ -100,10 +114,18 @@ impl Db {
     }
 }
 
-/// The loopback receiver: answers 204 at once and counts requests.
+/// The loopback receiver: answers 204 at once and counts requests. `/hook` serves the leader
+/// section and the references; the claim section gives each instance its own path
+/// (`/hook/a`, `/hook/b`, `/hook/c`), counted apart, and notes `webhook-id`s seen twice there.
 struct Receiver {
     url: String,
     count: Arc<AtomicU64>,
+    /// Requests per instance path, in [`INSTANCE_PATHS`] order.
+    per_instance: Arc<Vec<AtomicU64>>,
+    /// `webhook-id`s seen on the instance paths since the last [`Receiver::reset_seen`], and
+    /// how many arrived again.
+    seen: Arc<Mutex<HashSet<String>>>,
+    repeats: Arc<AtomicU64>,
     stop: CancellationToken,
 }
 
@@ -111,7 +133,7 @@ impl Receiver {
     async fn start() -> anyhow::Result<Receiver> {
         let count = Arc::new(AtomicU64::new(0));
         let counter = count.clone();
-        let app = axum::Router::new().route(
+        let mut app = axum::Router::new().route(
             "/hook",
             axum::routing::post(move |_body: axum::body::Bytes| {
                 let counter = counter.clone();
@@ -121,6 +143,37 @@ impl Receiver {
                 }
             }),
         );
+        let per_instance: Arc<Vec<AtomicU64>> =
+            Arc::new(INSTANCE_PATHS.iter().map(|_| AtomicU64::new(0)).collect());
+        let seen = Arc::new(Mutex::new(HashSet::new()));
+        let repeats = Arc::new(AtomicU64::new(0));
+        for (i, path) in INSTANCE_PATHS.iter().enumerate() {
+            let (counter, per_instance) = (count.clone(), per_instance.clone());
+            let (seen, repeats) = (seen.clone(), repeats.clone());
+            app = app.route(
+                &format!("/hook/{path}"),
+                axum::routing::post(
+                    move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+                        let (counter, per_instance) = (counter.clone(), per_instance.clone());
+                        let (seen, repeats) = (seen.clone(), repeats.clone());
+                        async move {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            per_instance[i].fetch_add(1, Ordering::Relaxed);
+                            let id = headers
+                                .get("webhook-id")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_string();
+                            let fresh = seen.lock().map(|mut s| s.insert(id)).unwrap_or(true);
+                            if !fresh {
+                                repeats.fetch_add(1, Ordering::Relaxed);
+                            }
+                            StatusCode::NO_CONTENT
+                        }
+                    },
+                ),
+            );
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
@@ -136,12 +189,36 @@ impl Receiver {
         Ok(Receiver {
             url: format!("http://{addr}/hook"),
             count,
+            per_instance,
+            seen,
+            repeats,
             stop,
         })
     }
 
     fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
+    }
+
+    /// The sink URL of claim-section instance `i`.
+    fn instance_url(&self, i: usize) -> String {
+        format!("{}/{}", self.url, INSTANCE_PATHS[i])
+    }
+
+    fn instance_counts(&self) -> Vec<u64> {
+        self.per_instance
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Forgets the ids seen (each run's table numbers its rows from 1) and returns the repeat
+    /// counter's value, to subtract.
+    fn reset_seen(&self) -> u64 {
+        if let Ok(mut s) = self.seen.lock() {
+            s.clear();
+        }
+        self.repeats.load(Ordering::Relaxed)
     }
 }
 
@@ -209,20 +286,35 @@ async fn scalar(pool: &sqlx::AnyPool, sql: String) -> anyhow::Result<i64> {
 }
 
 /// Creates (migrates) `table` and fills it with `n` PENDING webhook rows, in multi-row INSERTs;
-/// with `analyze`, then refreshes the planner's statistics, as autovacuum would soon do.
-async fn prepare_table(url: &str, table: &str, n: usize, analyze: bool) -> anyhow::Result<()> {
+/// with `keys` > 0, row k gets `ordering_key` `k{k % keys}` (round-robin, so consecutive rows
+/// belong to different keys); with `analyze`, then refreshes the planner's statistics, as
+/// autovacuum would soon do.
+async fn prepare_table(
+    url: &str,
+    table: &str,
+    n: usize,
+    analyze: bool,
+    keys: usize,
+) -> anyhow::Result<()> {
     let setup = SqlStore::connect(url, table, 2, Duration::from_secs(5)).await?;
     setup.migrate().await.context("migrate")?;
     let mut i = 0;
     while i < n {
         let end = (i + INSERT_CHUNK).min(n);
         let values: Vec<String> = (i..end)
-            .map(|k| format!("('hook', '{}')", payload(k)))
+            .map(|k| {
+                let key = if keys > 0 {
+                    format!("'k{}'", k % keys)
+                } else {
+                    "NULL".to_string()
+                };
+                format!("('hook', '{}', {key})", payload(k))
+            })
             .collect();
         exec(
             setup.pool(),
             format!(
-                "INSERT INTO {table} (channel, payload) VALUES {}",
+                "INSERT INTO {table} (channel, payload, ordering_key) VALUES {}",
                 values.join(", ")
             ),
         )
@@ -459,7 +551,7 @@ async fn relay_run_on(
         analyze,
         pg_options,
     } = config;
-    prepare_table(url, table, n, analyze).await?;
+    prepare_table(url, table, n, analyze, 0).await?;
     let bench_url = url;
     let url = &match pg_options {
         Some((_, options)) => {
@@ -654,7 +746,7 @@ async fn naive_run_on(
     receiver: &Receiver,
     n: usize,
 ) -> anyhow::Result<NaiveRun> {
-    prepare_table(url, table, n, true).await?;
+    prepare_table(url, table, n, true, 0).await?;
     let store = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
     let d = store.dialect();
     let select = d.finalize(&format!(
@@ -969,6 +1061,492 @@ async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -> Section {
     s
 }
 
+/// The claim section's instances, by their sink path on the receiver (so at most three).
+const INSTANCE_PATHS: [&str; 3] = ["a", "b", "c"];
+/// The longest one claim-mode run may take.
+const CLAIM_RUN_LIMIT: Duration = Duration::from_secs(40);
+/// Distinct ordering keys in the keyed claim runs (assigned round-robin).
+const ORDERING_KEYS: usize = 200;
+/// The short `relay.poll_interval` of the keyed diagnostic run (the default is 500ms).
+const KEYED_DIAGNOSTIC_POLL: Duration = Duration::from_millis(20);
+/// Each claim-mode instance's `batch_size` and `max_in_flight` (as the leader section's main
+/// run; the sink's concurrency is set to `max_in_flight`).
+const CLAIM_BATCH: u32 = 100;
+const CLAIM_IN_FLIGHT: u32 = 64;
+
+/// What one claim-mode run measured.
+#[derive(Debug, Clone)]
+struct ClaimRun {
+    rows: usize,
+    instances: usize,
+    /// Distinct ordering keys (0: no row has one).
+    keys: usize,
+    /// `relay.poll_interval` when set for the run (diagnostic); else the default (500ms).
+    poll_interval: Option<Duration>,
+    rows_per_sec: f64,
+    halves: Option<(f64, f64)>,
+    /// Requests each instance's sink made (from its receiver path), in instance order.
+    shares: Vec<u64>,
+    received: u64,
+    /// Requests whose `webhook-id` the receiver had already seen in this run.
+    repeats: u64,
+    /// Statements of all instances' stores together.
+    statements: u64,
+    /// Times an instance's readiness was seen going false (a failed claim: the loop then
+    /// backs off for at least 500ms), sampled every few milliseconds.
+    claim_failures: u64,
+    cpu: Option<(f64, f64)>,
+}
+
+impl ClaimRun {
+    fn label(&self) -> String {
+        let keys = if self.keys == 0 {
+            "unkeyed".to_string()
+        } else {
+            format!("{} keys", self.keys)
+        };
+        let poll = self
+            .poll_interval
+            .map(|p| format!(" poll {}ms", p.as_millis()))
+            .unwrap_or_default();
+        format!("{} inst {keys}{poll}", self.instances)
+    }
+
+    fn shares(&self) -> String {
+        let counts: Vec<String> = self.shares.iter().map(|c| c.to_string()).collect();
+        let total: u64 = self.shares.iter().sum::<u64>().max(1);
+        let pct: Vec<String> = self
+            .shares
+            .iter()
+            .map(|c| format!("{:.0}%", *c as f64 * 100.0 / total as f64))
+            .collect();
+        format!("{} ({})", counts.join("/"), pct.join("/"))
+    }
+}
+
+/// How one claim-mode run is set up.
+#[derive(Debug, Clone, Copy)]
+struct ClaimSetup {
+    instances: usize,
+    /// Distinct ordering keys, round-robin (0: none).
+    keys: usize,
+    /// Diagnostic: `relay.poll_interval` for every instance (None: the default).
+    poll_interval: Option<Duration>,
+}
+
+impl ClaimSetup {
+    fn new(instances: usize, keys: usize) -> ClaimSetup {
+        ClaimSetup {
+            instances,
+            keys,
+            poll_interval: None,
+        }
+    }
+}
+
+/// Runs `instances` claim-mode relays in this process, each with its own pool, sinks and
+/// instance id, over one table of `n` pre-inserted rows, until all are SUCCESS.
+async fn claim_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    n: usize,
+    setup: ClaimSetup,
+) -> anyhow::Result<ClaimRun> {
+    let table = unique_table("claim");
+    let result = claim_run_on(db, url, &table, receiver, n, setup).await;
+    let dialect = (db == Db::Postgres).then_some(Dialect::Postgres);
+    drop_table(url, &table, dialect).await;
+    result
+}
+
+async fn claim_run_on(
+    db: Db,
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    n: usize,
+    setup: ClaimSetup,
+) -> anyhow::Result<ClaimRun> {
+    let ClaimSetup {
+        instances,
+        keys,
+        poll_interval,
+    } = setup;
+    if instances == 0 || instances > INSTANCE_PATHS.len() {
+        bail!("instances must be 1..={}", INSTANCE_PATHS.len());
+    }
+    prepare_table(url, table, n, true, keys).await?;
+    let dir = tempfile::tempdir()?;
+    let config_file = dir.path().join("bench.toml");
+    std::fs::write(&config_file, "")?;
+
+    let shutdown = CancellationToken::new();
+    // Whatever way this function returns, the instances and their LISTEN sessions stop.
+    let _stop_all = shutdown.clone().drop_guard();
+    let mut relays = Vec::with_capacity(instances);
+    let mut stores = Vec::with_capacity(instances);
+    let mut healths = Vec::with_capacity(instances);
+    for (i, path) in INSTANCE_PATHS.iter().enumerate().take(instances) {
+        let env: BTreeMap<String, String> = [
+            ("OUTBOX_RELAY__DATABASE__URL", url.to_string()),
+            ("OUTBOX_RELAY__DATABASE__TABLE", table.to_string()),
+            ("OUTBOX_RELAY__HTTP__LISTEN", String::new()),
+            ("OUTBOX_RELAY__RELAY__INSTANCE_ID", format!("bench-{path}")),
+            ("OUTBOX_RELAY__RELAY__MODE", "claim".to_string()),
+            ("OUTBOX_RELAY__RELAY__BATCH_SIZE", CLAIM_BATCH.to_string()),
+            (
+                "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
+                CLAIM_IN_FLIGHT.to_string(),
+            ),
+            ("OUTBOX_RELAY__LEASE__BACKEND", "none".to_string()),
+            ("OUTBOX_RELAY__SINKS__HOOK__KIND", "webhook".to_string()),
+            ("OUTBOX_RELAY__SINKS__HOOK__URL", receiver.instance_url(i)),
+            ("OUTBOX_RELAY__SINKS__HOOK__TIMEOUT", "10s".to_string()),
+            (
+                "OUTBOX_RELAY__SINKS__HOOK__CONCURRENCY",
+                CLAIM_IN_FLIGHT.to_string(),
+            ),
+        ]
+        .into_iter()
+        .chain(poll_interval.map(|p| {
+            (
+                "OUTBOX_RELAY__RELAY__POLL_INTERVAL",
+                format!("{}ms", p.as_millis()),
+            )
+        }))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let settings = Settings::load_with_env(Some(&config_file), Some(env))
+            .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
+        let sinks = Arc::new(SinkRegistry::build(&settings)?);
+        let store = Arc::new(
+            SqlStore::connect(
+                url,
+                table,
+                settings.database.max_connections,
+                settings.database.connect_timeout,
+            )
+            .await?,
+        );
+        let wake = Arc::new(Notify::new());
+        if db == Db::Postgres && settings.database.listen {
+            tokio::spawn(store::listen(
+                url.to_string(),
+                table.to_string(),
+                wake.clone(),
+                shutdown.clone(),
+            ));
+        }
+        let health = Arc::new(Health::default());
+        health.set_database(true);
+        relays.push(Relay {
+            store: store.clone() as Arc<dyn OutboxStore>,
+            sinks,
+            settings: settings.relay.clone(),
+            lease: None,
+            wake,
+            health: health.clone(),
+            shutdown: shutdown.clone(),
+        });
+        healths.push(health);
+        stores.push(store);
+    }
+    let probe = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
+
+    let received_before = receiver.count();
+    let shares_before = receiver.instance_counts();
+    let repeats_before = receiver.reset_seen();
+    let statements_before: u64 = stores.iter().map(|s| s.statements()).sum();
+    let cpu_before = CpuSnap::take();
+    let started = Instant::now();
+    let tasks: Vec<_> = relays
+        .into_iter()
+        .map(|relay| tokio::spawn(relay.run()))
+        .collect();
+
+    let deadline = started + CLAIM_RUN_LIMIT;
+    let mut half_at: Option<Duration> = None;
+    let mut was_ok = vec![true; instances];
+    let mut claim_failures = 0u64;
+    let outcome: anyhow::Result<()> = loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for (ok, health) in was_ok.iter_mut().zip(&healths) {
+            let now_ok = health.database_ok();
+            if *ok && !now_ok {
+                claim_failures += 1;
+            }
+            *ok = now_ok;
+        }
+        let received = receiver.count() - received_before;
+        if half_at.is_none() && received >= n as u64 / 2 {
+            half_at = Some(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            let counts = status_counts(probe.pool(), table).await;
+            break Err(anyhow::anyhow!(
+                "rows did not all reach SUCCESS within {CLAIM_RUN_LIMIT:?}: received {received} of {n}, table: {counts}"
+            ));
+        }
+        if tasks.iter().any(|t| t.is_finished()) {
+            break Err(anyhow::anyhow!("a relay loop ended by itself"));
+        }
+        if received < n as u64 {
+            continue;
+        }
+        let done = scalar(
+            probe.pool(),
+            format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
+        )
+        .await?;
+        if done >= n as i64 {
+            break Ok(());
+        }
+    };
+    let elapsed = started.elapsed();
+    let statements = stores.iter().map(|s| s.statements()).sum::<u64>() - statements_before;
+    let halves = half_at.map(|h| {
+        let half = (n / 2) as f64;
+        (
+            half / h.as_secs_f64(),
+            (n as f64 - half) / (elapsed - h).as_secs_f64().max(1e-6),
+        )
+    });
+    let cpu = cpu_before
+        .zip(CpuSnap::take())
+        .and_then(|(a, b)| a.since(b));
+
+    shutdown.cancel();
+    let stop_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    for task in tasks {
+        if tokio::time::timeout_at(stop_by, task).await.is_err() {
+            eprintln!("warning: a claim-mode relay did not stop within 30s of shutdown");
+            break;
+        }
+    }
+    let received = receiver.count() - received_before;
+    let shares = receiver
+        .instance_counts()
+        .iter()
+        .zip(&shares_before)
+        .take(instances)
+        .map(|(after, before)| after - before)
+        .collect();
+    let repeats = receiver.reset_seen() - repeats_before;
+    for store in &stores {
+        store.pool().close().await;
+    }
+    probe.pool().close().await;
+    outcome?;
+    Ok(ClaimRun {
+        rows: n,
+        instances,
+        keys,
+        poll_interval,
+        rows_per_sec: n as f64 / elapsed.as_secs_f64(),
+        halves,
+        shares,
+        received,
+        repeats,
+        statements,
+        claim_failures,
+        cpu,
+    })
+}
+
+/// One database's claim-mode figures, for the final table.
+struct ClaimSection {
+    db: Db,
+    /// Unkeyed runs by instance count (1, 2, 3; a failed run is missing).
+    scaling: Vec<ClaimRun>,
+    /// The same on rows with ordering keys (1 and 3 instances).
+    keyed: Vec<ClaimRun>,
+    errors: Vec<String>,
+    skipped: Option<String>,
+}
+
+impl ClaimSection {
+    fn unkeyed(&self, instances: usize) -> Option<&ClaimRun> {
+        self.scaling.iter().find(|r| r.instances == instances)
+    }
+}
+
+fn print_claim(db: Db, r: &ClaimRun, base: Option<&ClaimRun>) {
+    let failures = if r.claim_failures > 0 {
+        format!("  FAILED CLAIMS {}", r.claim_failures)
+    } else {
+        String::new()
+    };
+    let ratio = base
+        .filter(|b| b.rows_per_sec > 0.0)
+        .map(|b| {
+            let of = if r.keys == 0 {
+                "of 1 inst".to_string()
+            } else {
+                format!("of {} inst unkeyed", b.instances)
+            };
+            format!("  {:.2}x {of}", r.rows_per_sec / b.rows_per_sec)
+        })
+        .unwrap_or_default();
+    println!(
+        "  {:<8} claim     {:<16} rows {:>6}: {:>6.0} rows/s{}{ratio}  shares {}  statements/row {:.4} ({} stmts)  received {}{failures}{}",
+        db.name(),
+        r.label(),
+        r.rows,
+        r.rows_per_sec,
+        r.halves
+            .map(|(a, b)| format!(" (halves {a:.0}/{b:.0})"))
+            .unwrap_or_default(),
+        r.shares(),
+        r.statements as f64 / r.rows as f64,
+        r.statements,
+        r.received,
+        fmt_cpu(r.cpu),
+    );
+}
+
+/// Claim mode on one database: 1, 2 and 3 instances on unkeyed rows, then 1 and 3 instances
+/// on rows with ordering keys.
+async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) -> ClaimSection {
+    let mut s = ClaimSection {
+        db,
+        scaling: Vec::new(),
+        keyed: Vec::new(),
+        errors: Vec::new(),
+        skipped: None,
+    };
+    // Only PostgreSQL and MySQL/MariaDB run here; the path is for SQLite's file.
+    let url = db.url(&std::env::temp_dir());
+    match SqlStore::connect(&url, "bench_probe", 1, Duration::from_secs(3)).await {
+        Ok(store) => store.pool().close().await,
+        Err(e) => {
+            let msg = format!("{} at {url} unreachable: {e}", db.name());
+            println!("SKIPPED: {msg}");
+            s.skipped = Some(msg);
+            return s;
+        }
+    }
+    println!(
+        "== {}: claim mode, {rows} rows per run, each instance batch {CLAIM_BATCH} max_in_flight {CLAIM_IN_FLIGHT}, own pool and receiver path",
+        db.name()
+    );
+    for instances in 1..=INSTANCE_PATHS.len() {
+        match claim_run(db, &url, receiver, rows, ClaimSetup::new(instances, 0)).await {
+            Ok(r) => {
+                print_claim(db, &r, s.unkeyed(1).filter(|_| instances > 1));
+                s.scaling.push(r);
+            }
+            Err(e) => {
+                println!(
+                    "  {:<8} claim     {instances} inst unkeyed ERROR: {e:#}",
+                    db.name()
+                );
+                s.errors
+                    .push(format!("claim {instances} inst unkeyed: {e:#}"));
+            }
+        }
+    }
+    // Ordering on: the same runs on keyed rows, then a diagnostic with a short poll interval
+    // (a claim that comes back short, as when most keys' heads are in flight, makes the loop
+    // sleep poll_interval; this shows how much of the cost is that sleep).
+    let keyed = [
+        ClaimSetup::new(1, ORDERING_KEYS),
+        ClaimSetup::new(INSTANCE_PATHS.len(), ORDERING_KEYS),
+        ClaimSetup {
+            poll_interval: Some(KEYED_DIAGNOSTIC_POLL),
+            ..ClaimSetup::new(1, ORDERING_KEYS)
+        },
+    ];
+    for setup in keyed {
+        match claim_run(db, &url, receiver, rows, setup).await {
+            Ok(r) => {
+                print_claim(db, &r, s.unkeyed(setup.instances));
+                s.keyed.push(r);
+            }
+            Err(e) => {
+                let poll = setup
+                    .poll_interval
+                    .map(|p| format!(" poll {}ms", p.as_millis()))
+                    .unwrap_or_default();
+                let what = format!("{} inst {} keys{poll}", setup.instances, setup.keys);
+                println!("  {:<8} claim     {what} ERROR: {e:#}", db.name());
+                s.errors.push(format!("claim {what}: {e:#}"));
+            }
+        }
+    }
+    s
+}
+
+/// The claim section's lines of the final summary.
+fn print_claim_summary(s: &ClaimSection) -> bool {
+    if let Some(why) = &s.skipped {
+        println!("{:<9} claim skipped: {why}", s.db.name());
+        return true;
+    }
+    let base = s.unkeyed(1).map(|r| r.rows_per_sec);
+    let mut line = format!("{:<9} claim", s.db.name());
+    for n in 1..=INSTANCE_PATHS.len() {
+        match s.unkeyed(n) {
+            Some(r) => {
+                line.push_str(&format!("  {n} inst {:.0} rows/s", r.rows_per_sec));
+                if let (true, Some(b)) = (n > 1, base.filter(|b| *b > 0.0)) {
+                    line.push_str(&format!(" ({:.2}x)", r.rows_per_sec / b));
+                }
+            }
+            None => line.push_str(&format!("  {n} inst -")),
+        }
+    }
+    if let Some(r) = s.scaling.iter().max_by_key(|r| r.instances)
+        && r.instances > 1
+    {
+        line.push_str(&format!("  shares({} inst) {}", r.instances, r.shares()));
+    }
+    if !s.keyed.is_empty() {
+        line.push_str(&format!("  ordering({ORDERING_KEYS} keys)"));
+    }
+    for r in &s.keyed {
+        let poll = r
+            .poll_interval
+            .map(|p| format!(" poll {}ms", p.as_millis()))
+            .unwrap_or_default();
+        line.push_str(&format!(
+            " {} inst{poll} {:.0}",
+            r.instances, r.rows_per_sec
+        ));
+        if let Some(b) = s.unkeyed(r.instances).filter(|b| b.rows_per_sec > 0.0) {
+            line.push_str(&format!(
+                " ({:.2}x of unkeyed)",
+                r.rows_per_sec / b.rows_per_sec
+            ));
+        }
+    }
+    println!("{line}");
+    for r in s.scaling.iter().chain(&s.keyed) {
+        if r.received != r.rows as u64 || r.repeats > 0 {
+            println!(
+                "{:<9}   NOTE: {}: receiver counted {} requests for {} rows, {} of them for an id already received",
+                "",
+                r.label(),
+                r.received,
+                r.rows,
+                r.repeats
+            );
+        }
+        if r.claim_failures > 0 {
+            println!(
+                "{:<9}   NOTE: {}: {} failed claims (an instance's readiness went false; each costs a backoff of at least 500ms)",
+                "",
+                r.label(),
+                r.claim_failures
+            );
+        }
+    }
+    for e in &s.errors {
+        println!("{:<9}   ERROR claim {e}", s.db.name());
+    }
+    s.errors.is_empty()
+}
+
 async fn bench() -> bool {
     let base_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_ROWS")
         .ok()
@@ -980,6 +1558,17 @@ async fn bench() -> bool {
         .into_iter()
         .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
         .collect();
+    let wanted_sections =
+        std::env::var("OUTBOX_RELAY_BENCH_SECTIONS").unwrap_or_else(|_| "leader,claim".into());
+    let section_on = |name: &str| wanted_sections.split(',').any(|w| w.trim() == name);
+    let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+        .max(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
 
     let receiver = match Receiver::start().await {
         Ok(r) => r,
@@ -990,10 +1579,7 @@ async fn bench() -> bool {
     };
     println!(
         "outbox-relay throughput bench: receiver {} (204, no work); {} worker threads; tracing and metrics recorder not installed",
-        receiver.url,
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(0)
+        receiver.url, cores
     );
     let load = || {
         std::fs::read_to_string("/proc/loadavg")
@@ -1003,13 +1589,25 @@ async fn bench() -> bool {
     let load_at_start = load();
     let bench_started = Instant::now();
     let mut sections = Vec::new();
-    for db in dbs {
-        let rows = if db == Db::Postgres {
-            base_rows
-        } else {
-            (base_rows / 2).max(1000)
-        };
-        sections.push(run_section(db, &receiver, rows).await);
+    if section_on("leader") {
+        for &db in &dbs {
+            let rows = if db == Db::Postgres {
+                base_rows
+            } else {
+                (base_rows / 2).max(1000)
+            };
+            sections.push(run_section(db, &receiver, rows).await);
+        }
+    }
+    let leader_secs = bench_started.elapsed().as_secs_f64();
+    let mut claim_sections = Vec::new();
+    let mut claim_secs = 0.0;
+    if section_on("claim") {
+        let claim_started = Instant::now();
+        for &db in dbs.iter().filter(|d| **d != Db::Sqlite) {
+            claim_sections.push(run_claim_section(db, &receiver, claim_rows).await);
+        }
+        claim_secs = claim_started.elapsed().as_secs_f64();
     }
     receiver.stop.cancel();
 
@@ -1018,10 +1616,12 @@ async fn bench() -> bool {
         "load average at start {load_at_start}, at end {} (other work on this machine skews absolute figures; compare ratios)",
         load()
     );
-    println!(
-        "== summary (total {:.0}s; relay = rows/s until all SUCCESS in the database; naive = select-one/POST/update-one loop on the same database over fewer rows; ceiling = POSTs alone at the same concurrency)",
-        bench_started.elapsed().as_secs_f64()
-    );
+    if !sections.is_empty() {
+        println!(
+            "== summary (leader section {leader_secs:.0}s, bench total {:.0}s; relay = rows/s until all SUCCESS in the database; naive = select-one/POST/update-one loop on the same database over fewer rows; ceiling = POSTs alone at the same concurrency)",
+            bench_started.elapsed().as_secs_f64()
+        );
+    }
     let mut ok = true;
     for s in &sections {
         if let Some(why) = &s.skipped {
@@ -1084,9 +1684,22 @@ async fn bench() -> bool {
             ok = false;
         }
     }
-    println!(
-        "* sink concurrency left at its default (32), which then caps max_in_flight; elsewhere it is set to max_in_flight."
-    );
+    if !sections.is_empty() {
+        println!(
+            "* sink concurrency left at its default (32), which then caps max_in_flight; elsewhere it is set to max_in_flight."
+        );
+    }
+    if !claim_sections.is_empty() {
+        println!(
+            "== claim summary ({claim_secs:.0}s; rows/s until all SUCCESS; N inst = N claim-mode relays in this process, each with its own pool, sinks, instance id and receiver path; (x) = ratio to 1 inst in this run; shares = requests per instance a/b/c; ordering = rows with {ORDERING_KEYS} ordering keys round-robin vs unkeyed rows, same instance count)"
+        );
+        for s in &claim_sections {
+            ok &= print_claim_summary(s);
+        }
+        println!(
+            "note: the claim-mode instances share this machine's {cores} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give."
+        );
+    }
     if sections
         .iter()
         .any(|s| s.db == Db::Postgres && s.main.is_some())
