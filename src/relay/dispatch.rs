@@ -49,11 +49,14 @@ impl Dispatcher {
     /// Delivers one row and records its result.
     pub async fn deliver(&self, job: Job) {
         let resolution = self.attempt(&job).await;
-        self.recorder.record(Completion {
-            id: job.row.delivery.id,
-            token: job.token.clone(),
-            resolution,
-        });
+        self.recorder.record(
+            Completion {
+                id: job.row.delivery.id,
+                token: job.token.clone(),
+                resolution,
+            },
+            job.row.ordering_key.is_some(),
+        );
     }
 
     /// Why the row may not be sent now, if it may not (G4).

@@ -42,7 +42,8 @@ pub struct Relay {
     pub settings: RelaySettings,
     /// The lease's name (fence key) and state, in leader mode with a lease backend.
     pub lease: Option<(String, watch::Receiver<LeaseState>)>,
-    /// Woken by PostgreSQL NOTIFY (or anything else that knows rows arrived).
+    /// Woken by PostgreSQL NOTIFY, and by the recorder when results it wrote may have
+    /// unblocked an ordering key.
     pub wake: Arc<Notify>,
     pub health: Arc<Health>,
     /// Cancelled on SIGTERM/SIGINT.
@@ -54,7 +55,7 @@ impl Relay {
     /// (or `shutdown_timeout` has passed).
     pub async fn run(self) {
         let s = &self.settings;
-        let recorder = Recorder::start(self.store.clone());
+        let recorder = Recorder::start(self.store.clone(), self.wake.clone());
         let dispatcher = Arc::new(Dispatcher {
             sinks: self.sinks.clone(),
             recorder: recorder.handle(),

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -19,16 +19,20 @@ const FLUSH_ROWS: usize = 256;
 /// ...or when the oldest has waited this long.
 const FLUSH_AFTER: Duration = Duration::from_millis(10);
 
+/// A completion and whether its row had an ordering key (writing it may let the next row of
+/// that key be claimed).
+type Entry = (Completion, bool);
+
 /// The handle deliveries send completions to.
 #[derive(Clone)]
 pub struct RecorderHandle {
-    tx: mpsc::UnboundedSender<Completion>,
+    tx: mpsc::UnboundedSender<Entry>,
 }
 
 impl RecorderHandle {
-    /// Queues a completion for writing.
-    pub fn record(&self, c: Completion) {
-        if self.tx.send(c).is_err() {
+    /// Queues a completion for writing; `keyed` when the row had an ordering key.
+    pub fn record(&self, c: Completion, keyed: bool) {
+        if self.tx.send((c, keyed)).is_err() {
             tracing::error!(
                 "result recorder has stopped; a result was not written (the row will be retried after its claim expires)"
             );
@@ -43,9 +47,12 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn start(store: Arc<dyn OutboxStore>) -> Recorder {
+    /// Starts the recorder. After writing results of rows with an ordering key it wakes
+    /// `unblocked` (the relay loop): the next row of each such key may now be claimed, and
+    /// the loop should not sleep a whole poll interval before looking.
+    pub fn start(store: Arc<dyn OutboxStore>, unblocked: Arc<Notify>) -> Recorder {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(store, rx));
+        let task = tokio::spawn(run(store, rx, unblocked));
         Recorder {
             handle: RecorderHandle { tx },
             task,
@@ -69,13 +76,21 @@ impl Recorder {
     }
 }
 
-async fn run(store: Arc<dyn OutboxStore>, mut rx: mpsc::UnboundedReceiver<Completion>) {
+async fn run(
+    store: Arc<dyn OutboxStore>,
+    mut rx: mpsc::UnboundedReceiver<Entry>,
+    unblocked: Arc<Notify>,
+) {
     let mut buf: Vec<Completion> = Vec::with_capacity(FLUSH_ROWS);
+    let mut keyed = false;
     let mut open = true;
     while open || !buf.is_empty() {
         if buf.is_empty() {
             match rx.recv().await {
-                Some(c) => buf.push(c),
+                Some((c, k)) => {
+                    buf.push(c);
+                    keyed |= k;
+                }
                 None => break,
             }
         }
@@ -84,13 +99,19 @@ async fn run(store: Arc<dyn OutboxStore>, mut rx: mpsc::UnboundedReceiver<Comple
         while open && buf.len() < FLUSH_ROWS {
             tokio::select! {
                 c = rx.recv() => match c {
-                    Some(c) => buf.push(c),
+                    Some((c, k)) => {
+                        buf.push(c);
+                        keyed |= k;
+                    }
                     None => open = false,
                 },
                 _ = tokio::time::sleep_until(until) => break,
             }
         }
         flush(store.as_ref(), &mut buf).await;
+        if std::mem::take(&mut keyed) {
+            unblocked.notify_one();
+        }
     }
 }
 
