@@ -1,7 +1,9 @@
 //! Turning SIGTERM and SIGINT into a [`CancellationToken`] every task watches.
 //!
-//! The first signal starts a graceful shutdown (G6); a second one exits at once with code 1,
-//! for the operator who really means it.
+//! The first signal starts a graceful shutdown (G6); a second one, at least a second later,
+//! exits at once with code 1, for the operator who really means it. A repeat within that
+//! second is the same signal delivered twice (GNU `timeout` signals the child and its process
+//! group; some supervisors do similar) and is ignored.
 
 use tokio_util::sync::CancellationToken;
 
@@ -14,9 +16,12 @@ pub fn on_signals(token: CancellationToken) {
         }
         tracing::info!("signal received: shutting down gracefully (send again to exit at once)");
         token.cancel();
-        if wait_for_signal().await.is_ok() {
-            tracing::warn!("second signal: exiting now");
-            std::process::exit(1);
+        let first = tokio::time::Instant::now();
+        while wait_for_signal().await.is_ok() {
+            if first.elapsed() >= std::time::Duration::from_secs(1) {
+                tracing::warn!("second signal: exiting now");
+                std::process::exit(1);
+            }
         }
     });
 }
