@@ -3,12 +3,11 @@
 //! clock (free, or expired), which bumps the epoch in the same statement.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Grant, Lease};
+use super::{Grant, Held, Lease};
 use crate::BoxFuture;
 use crate::store::OutboxStore;
 
@@ -21,7 +20,7 @@ pub struct DatabaseLease {
     instance_id: String,
     ttl: Duration,
     /// (holder token, epoch) while held.
-    held: Mutex<Option<(String, i64)>>,
+    held: Held<(String, i64)>,
 }
 
 impl DatabaseLease {
@@ -31,21 +30,7 @@ impl DatabaseLease {
             name: name.to_string(),
             instance_id: instance_id.to_string(),
             ttl,
-            held: Mutex::new(None),
-        }
-    }
-
-    fn held(&self) -> Option<(String, i64)> {
-        match self.held.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    fn set_held(&self, v: Option<(String, i64)>) {
-        match self.held.lock() {
-            Ok(mut g) => *g = v,
-            Err(p) => *p.into_inner() = v,
+            held: Held::new(),
         }
     }
 }
@@ -56,7 +41,8 @@ impl Lease for DatabaseLease {
     }
 
     fn holder(&self) -> String {
-        self.held()
+        self.held
+            .get()
             .map(|(h, _)| h)
             .unwrap_or_else(|| self.instance_id.clone())
     }
@@ -75,7 +61,7 @@ impl Lease for DatabaseLease {
                 .await?
             {
                 Some(epoch) => {
-                    self.set_held(Some((token, epoch)));
+                    self.held.set(Some((token, epoch)));
                     Ok(Some(Grant {
                         epoch: Some(epoch),
                         sent_at,
@@ -88,7 +74,7 @@ impl Lease for DatabaseLease {
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(async move {
-            let Some((token, epoch)) = self.held() else {
+            let Some((token, epoch)) = self.held.get() else {
                 return Ok(false);
             };
             let renewed = self
@@ -96,7 +82,7 @@ impl Lease for DatabaseLease {
                 .lease_renew(&self.name, &token, epoch, self.ttl)
                 .await?;
             if !renewed {
-                self.set_held(None);
+                self.held.set(None);
             }
             Ok(renewed)
         })
@@ -104,8 +90,8 @@ impl Lease for DatabaseLease {
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            if let Some((token, epoch)) = self.held() {
-                self.set_held(None);
+            if let Some((token, epoch)) = self.held.get() {
+                self.held.set(None);
                 self.store.lease_release(&self.name, &token, epoch).await?;
             }
             Ok(())

@@ -86,6 +86,32 @@ impl LeaseState {
     }
 }
 
+/// What a backend remembers while it believes it holds the lease (its holder token, and for
+/// the database backend the epoch): set on acquire, cleared on loss or release.
+pub(crate) struct Held<T>(std::sync::Mutex<Option<T>>);
+
+impl<T: Clone> Held<T> {
+    pub(crate) fn new() -> Self {
+        Held(std::sync::Mutex::new(None))
+    }
+
+    /// A copy of what is held, if anything.
+    pub(crate) fn get(&self) -> Option<T> {
+        match self.0.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Replaces what is held.
+    pub(crate) fn set(&self, v: Option<T>) {
+        match self.0.lock() {
+            Ok(mut g) => *g = v,
+            Err(p) => *p.into_inner() = v,
+        }
+    }
+}
+
 /// The drift allowance subtracted from every grant: `ttl * 1% + 2ms` (as Redlock does).
 pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)

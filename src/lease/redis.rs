@@ -15,7 +15,6 @@
 //! The per-server primitives live in [`RedisNode`], which the `redlock` backend runs on each of
 //! its nodes.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use fred::clients::SubscriberClient;
@@ -25,7 +24,7 @@ use fred::types::scripts::Script;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::{Grant, Lease};
+use super::{Grant, Held, Lease};
 use crate::BoxFuture;
 
 /// Extends the key only if it still holds our token. Returns 1 or 0.
@@ -215,7 +214,7 @@ pub struct RedisLease {
     /// How long a grant lasts without renewal.
     ttl: Duration,
     /// Our holder token while we believe we hold the key.
-    held: Mutex<Option<String>>,
+    held: Held<String>,
 }
 
 impl RedisLease {
@@ -234,22 +233,8 @@ impl RedisLease {
             node,
             instance_id: instance_id.to_string(),
             ttl,
-            held: Mutex::new(None),
+            held: Held::new(),
         })
-    }
-
-    fn held(&self) -> Option<String> {
-        match self.held.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    fn set_held(&self, v: Option<String>) {
-        match self.held.lock() {
-            Ok(mut g) => *g = v,
-            Err(p) => *p.into_inner() = v,
-        }
     }
 }
 
@@ -259,7 +244,7 @@ impl Lease for RedisLease {
     }
 
     fn holder(&self) -> String {
-        self.held().unwrap_or_else(|| self.instance_id.clone())
+        self.held.get().unwrap_or_else(|| self.instance_id.clone())
     }
 
     fn ttl(&self) -> Duration {
@@ -271,7 +256,7 @@ impl Lease for RedisLease {
             let token = format!("{}#{}", self.instance_id, crate::random_token());
             let sent_at = Instant::now();
             if self.node.set_nx(&token, self.ttl).await? {
-                self.set_held(Some(token));
+                self.held.set(Some(token));
                 Ok(Some(Grant {
                     epoch: None,
                     sent_at,
@@ -284,12 +269,12 @@ impl Lease for RedisLease {
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(async move {
-            let Some(token) = self.held() else {
+            let Some(token) = self.held.get() else {
                 return Ok(false);
             };
             let renewed = self.node.renew(&token, self.ttl).await?;
             if !renewed {
-                self.set_held(None);
+                self.held.set(None);
             }
             Ok(renewed)
         })
@@ -297,8 +282,8 @@ impl Lease for RedisLease {
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            if let Some(token) = self.held() {
-                self.set_held(None);
+            if let Some(token) = self.held.get() {
+                self.held.set(None);
                 self.node.release(&token).await?;
             }
             Ok(())

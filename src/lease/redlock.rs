@@ -44,8 +44,8 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -53,7 +53,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::redis::RedisNode;
-use super::{Grant, Lease, drift};
+use super::{Grant, Held, Lease, drift};
 use crate::BoxFuture;
 
 /// A lease held on a majority of independent Redis servers.
@@ -71,7 +71,7 @@ pub struct RedlockLease {
     /// The bound on one command on one node (see the module doc).
     node_timeout: Duration,
     /// Our holder token while we believe we hold the lease.
-    held: Mutex<Option<String>>,
+    held: Held<String>,
     /// Bumped whenever any node delivers a release message; standbys watch it.
     released: watch::Sender<u64>,
     /// The last attempt failed although some nodes had set our key (contenders split the
@@ -130,7 +130,7 @@ impl RedlockLease {
             instance_id: instance_id.to_string(),
             ttl,
             node_timeout,
-            held: Mutex::new(None),
+            held: Held::new(),
             released,
             contended: AtomicBool::new(false),
         })
@@ -140,20 +140,6 @@ impl RedlockLease {
     /// (`NOSCRIPT`, then `SCRIPT LOAD` and `EVALSHA`), each bounded by the node timeout.
     fn limit(&self) -> Duration {
         self.node_timeout * 2
-    }
-
-    fn held(&self) -> Option<String> {
-        match self.held.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    fn set_held(&self, v: Option<String>) {
-        match self.held.lock() {
-            Ok(mut g) => *g = v,
-            Err(p) => *p.into_inner() = v,
-        }
     }
 
     /// How long until a majority of nodes may be free: zero when it is now; the k-th shortest
@@ -306,7 +292,7 @@ impl Lease for RedlockLease {
     }
 
     fn holder(&self) -> String {
-        self.held().unwrap_or_else(|| self.instance_id.clone())
+        self.held.get().unwrap_or_else(|| self.instance_id.clone())
     }
 
     fn ttl(&self) -> Duration {
@@ -334,7 +320,7 @@ impl Lease for RedlockLease {
             self.contended
                 .store(outcome.is_none() && took > 0, Ordering::Relaxed);
             if outcome.is_some() {
-                self.set_held(Some(token));
+                self.held.set(Some(token));
             }
             Ok(outcome)
         })
@@ -342,7 +328,7 @@ impl Lease for RedlockLease {
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(async move {
-            let Some(token) = self.held() else {
+            let Some(token) = self.held.get() else {
                 return Ok(false);
             };
             let (ttl, limit, n) = (self.ttl, self.limit(), self.nodes.len());
@@ -355,7 +341,7 @@ impl Lease for RedlockLease {
             if t.no > n - self.quorum {
                 // Gone on too many nodes for a majority ever again: lost. Tidy our leftovers.
                 tracing::debug!(result = %t.summary(n), "redlock renewal refused");
-                self.set_held(None);
+                self.held.set(None);
                 let nodes = self.nodes.clone();
                 tokio::spawn(async move { discard_all(&nodes, &token, limit).await });
                 return Ok(false);
@@ -370,10 +356,10 @@ impl Lease for RedlockLease {
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move {
-            let Some(token) = self.held() else {
+            let Some(token) = self.held.get() else {
                 return Ok(());
             };
-            self.set_held(None);
+            self.held.set(None);
             let limit = self.limit();
             let t = Tally::of(on_all(&self.nodes, |n| bounded(limit, n.release(&token))).await);
             if !t.errors.is_empty() {

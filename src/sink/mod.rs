@@ -86,6 +86,21 @@ pub trait Sink: Send + Sync {
     fn deliver<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Outcome>;
 }
 
+/// The HTTP client every HTTP sink uses, built once per sink: `timeout` bounds a whole request;
+/// connecting gets at most half of it (5 s at most), so a request that never connected is told
+/// apart from one that was sent and then timed out (an unknown outcome for paid sends);
+/// redirects are not followed (a moved endpoint is a configuration to fix, not to chase).
+pub(crate) fn http_client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    crate::install_crypto_provider();
+    Ok(reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout((timeout / 2).min(Duration::from_secs(5)))
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+        .build()?)
+}
+
 /// A transport error on one line, without the URL (a URL may carry an app key or a token):
 /// "timed out: ...", "connection failed: ...", "request failed: ...".
 pub(crate) fn describe_send_error(e: reqwest::Error) -> String {

@@ -87,16 +87,7 @@ pub enum Verdict {
 
 impl AlimtalkSink {
     pub fn new(name: &str, cfg: &AlimtalkConfig, timeout: Duration) -> anyhow::Result<Self> {
-        crate::install_crypto_provider();
-        // A connect timeout well inside the total one: a request that could not connect is
-        // told apart from one that was sent and then timed out (an unknown outcome).
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout((timeout / 2).min(Duration::from_secs(5)))
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let client = super::http_client(timeout)?;
         let vendor = match &cfg.provider {
             Provider::Nhn(keys) => {
                 Vendor::Nhn(nhn::Nhn::new(&cfg.endpoint, keys, &cfg.key_prefix)?)

@@ -67,14 +67,7 @@ struct Answer {
 
 impl FcmSink {
     pub fn new(name: &str, cfg: &FcmConfig, timeout: Duration) -> anyhow::Result<Self> {
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout((timeout / 2).min(Duration::from_secs(5)))
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let client = super::http_client(timeout)?;
         let tokens = TokenSource::new(client.clone(), &cfg.credentials)?;
         Ok(FcmSink {
             name: name.to_string(),

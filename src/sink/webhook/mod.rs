@@ -40,14 +40,7 @@ pub struct WebhookSink {
 
 impl WebhookSink {
     pub fn new(name: &str, cfg: &WebhookConfig, timeout: Duration) -> anyhow::Result<Self> {
-        crate::install_crypto_provider();
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .redirect(reqwest::redirect::Policy::none())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+        let client = super::http_client(timeout)?;
         let mut headers = HeaderMap::new();
         for (k, v) in &cfg.headers {
             headers.insert(
