@@ -101,6 +101,14 @@ pub(crate) fn http_client(timeout: Duration) -> anyhow::Result<reqwest::Client> 
         .build()?)
 }
 
+/// A response's `Retry-After` header as text (parsed by each sink's classifier).
+pub(crate) fn retry_after_header(resp: &reqwest::Response) -> Option<String> {
+    resp.headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 /// A transport error on one line, without the URL (a URL may carry an app key or a token):
 /// "timed out: ...", "connection failed: ...", "request failed: ...".
 pub(crate) fn describe_send_error(e: reqwest::Error) -> String {

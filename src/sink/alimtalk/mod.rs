@@ -204,11 +204,7 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
         }
     })?;
     let status = resp.status().as_u16();
-    let retry_after = resp
-        .headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let retry_after = super::retry_after_header(&resp);
     let body = resp.bytes().await.map_err(|e| {
         Verdict::Unknown(format!(
             "HTTP {status} but its body was lost ({})",

@@ -152,11 +152,7 @@ impl FcmSink {
                 reason: format!("FCM: {}", describe_send_error(e)),
             })?;
         let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let retry_after = super::retry_after_header(&resp);
         let body = match resp.bytes().await {
             Ok(b) => String::from_utf8_lossy(&b).into_owned(),
             // A 2xx whose body was cut off still was accepted.

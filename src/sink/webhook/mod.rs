@@ -107,11 +107,7 @@ impl WebhookSink {
         if resp.status().is_success() {
             return Outcome::Delivered;
         }
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let retry_after = super::retry_after_header(&resp);
         let body = resp.text().await.unwrap_or_default();
         let snippet: String = body
             .chars()
