@@ -26,7 +26,10 @@ use support::*;
 
 /// The relays' lease ttl and renew timeout (node timeout: min(200/3, 100) = 66 ms).
 const TTL: Duration = Duration::from_secs(1);
-const RENEW_TIMEOUT: Duration = Duration::from_millis(200);
+/// 300 ms gives each node min(renew_timeout / 3, ttl / 10) = 100 ms: with less, a loaded CI
+/// machine can time out renewals to one live node until its key lapses there (a renewal
+/// with 2 of 3 answers still counts), which a one-node-down test then sees as a lost quorum.
+const RENEW_TIMEOUT: Duration = Duration::from_millis(300);
 
 impl RelayProc {
     /// Starts instance `name` on `td`'s table with the redlock lease `lease` on `nodes`.
@@ -90,6 +93,11 @@ async fn three_nodes(extra: &[&str]) -> Option<Vec<RedisServer>> {
 }
 
 /// Three nodes, the test's PostgreSQL table and a receiver (`None`: skipped).
+/// The relay-process tests of this file run one at a time: each starts three redis-servers and
+/// two or three relays on a 1 s ttl, and several at once on a 2-core machine starve the 100 ms
+/// per-node timeouts they measure. (A tokio mutex: no poisoning when a test fails.)
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn setup(prefix: &str) -> Option<(Vec<RedisServer>, TestDb, Receiver)> {
     let nodes = three_nodes(&[]).await?;
     let td = TestDb::open(Db::Postgres, prefix).await?;
@@ -141,6 +149,7 @@ async fn assert_holder(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
+    let _serial = SERIAL.lock().await;
     let Some((mut nodes, td, rx)) = setup("rk_crash").await else {
         return;
     };
@@ -219,6 +228,7 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_node_down_is_tolerated_two_down_stop_the_holder() {
+    let _serial = SERIAL.lock().await;
     let Some((mut nodes, td, rx)) = setup("rk_nodes").await else {
         return;
     };
@@ -352,6 +362,7 @@ async fn calls(node: &RedisServer, cmd: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
+    let _serial = SERIAL.lock().await;
     let Some((mut nodes, td, rx)) = setup("rk_foreign").await else {
         return;
     };
@@ -434,6 +445,7 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_over_within_300ms() {
+    let _serial = SERIAL.lock().await;
     let Some((mut nodes, td, rx)) = setup("rk_term").await else {
         return;
     };
