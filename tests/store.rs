@@ -27,6 +27,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         token: token(),
         fence,
         exclude_channels: Vec::new(),
+        max_payload_bytes: None,
     }
 }
 

@@ -10,7 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use std::future::Future;
+use std::task::Poll;
+
+use tokio::sync::{OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -43,11 +46,14 @@ pub struct Job {
     pub claimed_at: Instant,
     /// After this (monotonic), the claim may have expired on the database clock.
     pub deadline: Instant,
+    /// The relay's in-flight slot for this row: handed to the recorder with the result and
+    /// released only once the result is written.
+    pub slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Dispatcher {
     /// Delivers one row and records its result.
-    pub async fn deliver(&self, job: Job) {
+    pub async fn deliver(&self, mut job: Job) {
         let resolution = self.attempt(&job).await;
         self.recorder.record(
             Completion {
@@ -56,6 +62,7 @@ impl Dispatcher {
                 resolution,
             },
             job.row.ordering_key.is_some(),
+            job.slot.take(),
         );
     }
 
@@ -79,12 +86,30 @@ impl Dispatcher {
 
     async fn attempt(&self, job: &Job) -> Resolution {
         let d = &job.row.delivery;
+        if let Some(why) = &job.row.undeliverable {
+            tracing::warn!(id = d.id, reason = %why, "row cannot be delivered; marking it FAILED");
+            metrics::counter!("outbox_relay_rows_undeliverable_total").increment(1);
+            return Resolution::Failed {
+                error: format!("row could not be read: {why}"),
+            };
+        }
         let Some(sink) = self.sinks.get(&d.channel) else {
             metrics::counter!("outbox_relay_deliveries_total", "sink" => "none", "outcome" => "permanent").increment(1);
             return Resolution::Failed {
                 error: format!("no sink is configured for channel \"{}\"", d.channel),
             };
         };
+        if d.payload.len() > sink.max_payload_bytes {
+            metrics::counter!("outbox_relay_deliveries_total", "sink" => sink.name.clone(), "outcome" => "permanent").increment(1);
+            return Resolution::Failed {
+                error: format!(
+                    "payload of {} bytes exceeds the {} bytes sink {} accepts",
+                    d.payload.len(),
+                    sink.max_payload_bytes,
+                    sink.name
+                ),
+            };
+        }
         let give_back = |why: &str| {
             tracing::debug!(id = d.id, sink = %sink.name, why, "row given back unsent");
             Resolution::Release {
@@ -129,16 +154,19 @@ impl Dispatcher {
             return give_back(why);
         }
 
-        metrics::gauge!("outbox_relay_in_flight").increment(1.0);
         let started = Instant::now();
-        let outcome =
-            match tokio::time::timeout(sink.timeout + TIMEOUT_GRACE, sink.sink.deliver(d)).await {
-                Ok(o) => o,
-                Err(_) => Outcome::Retry {
-                    after: None,
-                    reason: format!("timed out after {:?}", sink.timeout),
-                },
-            };
+        metrics::gauge!("outbox_relay_in_flight").increment(1.0);
+        // The send is polled only while it can still end inside the claim: the clock is read
+        // before every poll, so a process paused (SIGSTOP, a long GC-like stall of the host)
+        // past that point does not hand the request to the connection when it wakes.
+        let stop = (started + sink.timeout + TIMEOUT_GRACE).min(job.deadline);
+        let outcome = match before(stop, sink.sink.deliver(d)).await {
+            Some(o) => o,
+            None => Outcome::Retry {
+                after: None,
+                reason: format!("timed out after {:?}", sink.timeout),
+            },
+        };
         metrics::gauge!("outbox_relay_in_flight").decrement(1.0);
         let name = sink.name.clone();
         metrics::histogram!("outbox_relay_delivery_duration_seconds", "sink" => name.clone())
@@ -164,5 +192,52 @@ impl Dispatcher {
             }
         }
         retry::resolve(&outcome, d.attempts, &sink.retry)
+    }
+}
+
+/// Runs `fut` to its end unless `stop` comes first (`None`). Unlike `tokio::time::timeout`,
+/// which polls the inner future before looking at the clock, this looks at the clock first:
+/// after a pause that outlasted `stop`, the future is dropped without being polled again, so
+/// no further bytes of the request are handed to the connection.
+async fn before<T>(stop: Instant, fut: impl Future<Output = T>) -> Option<T> {
+    let mut fut = std::pin::pin!(fut);
+    let mut timer = std::pin::pin!(tokio::time::sleep_until(stop));
+    std::future::poll_fn(|cx| {
+        if Instant::now() >= stop {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            return Poll::Ready(Some(v));
+        }
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn before_stops_without_polling_after_the_deadline() {
+        let polled = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let p = polled.clone();
+        let stop = Instant::now() + Duration::from_millis(50);
+        // Jump past the deadline before the first poll, as a paused process would.
+        tokio::time::advance(Duration::from_millis(60)).await;
+        let r = before(stop, async move {
+            p.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            1
+        })
+        .await;
+        assert_eq!(r, None);
+        assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 0);
+        let stop = Instant::now() + Duration::from_millis(50);
+        assert_eq!(before(stop, async { 2 }).await, Some(2));
+        let stop = Instant::now() + Duration::from_millis(50);
+        assert_eq!(before(stop, std::future::pending::<u8>()).await, None);
     }
 }

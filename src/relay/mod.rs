@@ -96,11 +96,15 @@ impl Relay {
                 _ => None,
             };
 
-            // 2. Enough free slots for a claim worth its statement.
+            // 2. Enough free slots for a claim worth its statement. A slot is freed only once
+            //    its row's result is written, so while results cannot be written nothing new
+            //    is claimed (backpressure), and the rows sent but not yet recorded never
+            //    exceed max_in_flight.
             let free = slots.available_permits();
-            if free < worth_claiming && !tasks.is_empty() {
+            let busy = (s.max_in_flight as usize).saturating_sub(free);
+            if free < worth_claiming && busy > 0 {
                 tokio::select! {
-                    _ = tasks.join_next() => {}
+                    p = slots.clone().acquire_many_owned(worth_claiming as u32) => drop(p),
                     _ = self.shutdown.cancelled() => {}
                 }
                 continue;
@@ -121,9 +125,17 @@ impl Relay {
                 fence,
                 // Half the claim: a rate-limited row must be able to start well inside it.
                 exclude_channels: self.sinks.unavailable(s.claim_ttl / 2),
+                max_payload_bytes: Some(self.sinks.max_payload_bytes() as u64),
             };
             let claimed_at = Instant::now();
-            let rows = match self.store.claim(&req).await {
+            // Raced against shutdown: a claim stuck on a locked table must not hold the
+            // process past shutdown_timeout. A claim abandoned here may still commit on the
+            // server; its rows are then simply re-claimed after their claim expires.
+            let claim = tokio::select! {
+                r = self.store.claim(&req) => r,
+                _ = self.shutdown.cancelled() => break,
+            };
+            let rows = match claim {
                 Ok(rows) => {
                     if db_failures > 0 {
                         tracing::info!("database reachable again; claiming resumed");
@@ -137,7 +149,7 @@ impl Relay {
                     self.health.set_database(false);
                     let wait = (Duration::from_millis(250) * 2u32.pow(db_failures.min(5)))
                         .min(Duration::from_secs(5));
-                    tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "claim failed");
+                    tracing::warn!(error = %format!("{e:#}"), retry_in_ms = wait.as_millis() as u64, "claim failed");
                     tokio::select! {
                         _ = tokio::time::sleep(wait) => {}
                         _ = self.shutdown.cancelled() => {}
@@ -168,11 +180,9 @@ impl Relay {
                     epoch,
                     claimed_at,
                     deadline,
+                    slot: Some(permit),
                 };
-                tasks.spawn(async move {
-                    dispatcher.deliver(job).await;
-                    drop(permit);
-                });
+                tasks.spawn(async move { dispatcher.deliver(job).await });
             }
 
             // 5. A full batch: there is probably more; claim again at once.

@@ -1,27 +1,43 @@
 //! Batches result writes: completions from many deliveries are written together, one statement
 //! per outcome kind and claim batch, instead of one statement per row.
 //!
-//! Guarantees: every completion handed to the recorder is written, retried while the database
-//! is unreachable, until [`Recorder::close`] gives up after its deadline (then the rows' claims
-//! simply expire and they are delivered again: at-least-once, never lost).
+//! Guarantees:
+//! - every completion handed to the recorder is written, retried while the database is
+//!   unreachable, until [`Recorder::close`] gives up after its deadline (then the rows' claims
+//!   simply expire and they are delivered again: at-least-once, never lost);
+//! - each completion carries the relay's in-flight slot of its row, released only once the
+//!   result is durably written (or given up on). So the rows sent but not yet recorded never
+//!   exceed `max_in_flight`, and while results cannot be written the relay claims nothing new
+//!   (backpressure) instead of piling up sends whose results it cannot record;
+//! - a batch the database refuses for a reason that will not go away (a value it rejects, a
+//!   trigger, a constraint) is split until the refused row is isolated; that row is finished
+//!   FAILED with a generic reason, and every other result is written as usual. One bad row
+//!   never blocks the others.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::store::{Completion, OutboxStore};
+use crate::store::{Completion, Incomplete, OutboxStore, Resolution, is_transient};
 
 /// Flush when this many completions wait...
 const FLUSH_ROWS: usize = 256;
 /// ...or when the oldest has waited this long.
 const FLUSH_AFTER: Duration = Duration::from_millis(10);
+/// Longest pause between retries of a write that failed transiently.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 
-/// A completion and whether its row had an ordering key (writing it may let the next row of
-/// that key be claimed).
-type Entry = (Completion, bool);
+/// One result on its way to the database.
+pub struct Entry {
+    pub completion: Completion,
+    /// The row had an ordering key (writing it may let the next row of that key be claimed).
+    pub keyed: bool,
+    /// The row's in-flight slot, held until its result is written.
+    pub slot: Option<OwnedSemaphorePermit>,
+}
 
 /// The handle deliveries send completions to.
 #[derive(Clone)]
@@ -30,9 +46,14 @@ pub struct RecorderHandle {
 }
 
 impl RecorderHandle {
-    /// Queues a completion for writing; `keyed` when the row had an ordering key.
-    pub fn record(&self, c: Completion, keyed: bool) {
-        if self.tx.send((c, keyed)).is_err() {
+    /// Queues a completion for writing; the slot is released once it is written.
+    pub fn record(&self, completion: Completion, keyed: bool, slot: Option<OwnedSemaphorePermit>) {
+        let entry = Entry {
+            completion,
+            keyed,
+            slot,
+        };
+        if self.tx.send(entry).is_err() {
             tracing::error!(
                 "result recorder has stopped; a result was not written (the row will be retried after its claim expires)"
             );
@@ -48,11 +69,11 @@ pub struct Recorder {
 
 impl Recorder {
     /// Starts the recorder. After writing results of rows with an ordering key it wakes
-    /// `unblocked` (the relay loop): the next row of each such key may now be claimed, and
-    /// the loop should not sleep a whole poll interval before looking.
-    pub fn start(store: Arc<dyn OutboxStore>, unblocked: Arc<Notify>) -> Recorder {
+    /// `written` (the relay loop): the next row of each such key may now be claimable, and the
+    /// loop should not sleep a whole poll interval before looking.
+    pub fn start(store: Arc<dyn OutboxStore>, written: Arc<Notify>) -> Recorder {
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(run(store, rx, unblocked));
+        let task = tokio::spawn(run(store, rx, written));
         Recorder {
             handle: RecorderHandle { tx },
             task,
@@ -79,18 +100,14 @@ impl Recorder {
 async fn run(
     store: Arc<dyn OutboxStore>,
     mut rx: mpsc::UnboundedReceiver<Entry>,
-    unblocked: Arc<Notify>,
+    written: Arc<Notify>,
 ) {
-    let mut buf: Vec<Completion> = Vec::with_capacity(FLUSH_ROWS);
-    let mut keyed = false;
+    let mut buf: Vec<Entry> = Vec::with_capacity(FLUSH_ROWS);
     let mut open = true;
     while open || !buf.is_empty() {
         if buf.is_empty() {
             match rx.recv().await {
-                Some((c, k)) => {
-                    buf.push(c);
-                    keyed |= k;
-                }
+                Some(e) => buf.push(e),
                 None => break,
             }
         }
@@ -98,43 +115,163 @@ async fn run(
         let until = Instant::now() + FLUSH_AFTER;
         while open && buf.len() < FLUSH_ROWS {
             tokio::select! {
-                c = rx.recv() => match c {
-                    Some((c, k)) => {
-                        buf.push(c);
-                        keyed |= k;
-                    }
+                e = rx.recv() => match e {
+                    Some(e) => buf.push(e),
                     None => open = false,
                 },
                 _ = tokio::time::sleep_until(until) => break,
             }
         }
-        flush(store.as_ref(), &mut buf).await;
-        if std::mem::take(&mut keyed) {
-            unblocked.notify_one();
+        let batch: Vec<Completion> = buf.iter().map(|e| e.completion.clone()).collect();
+        let outcome = write(store.as_ref(), batch).await;
+        if outcome.not_applied > 0 {
+            tracing::warn!(
+                rows = outcome.not_applied,
+                "results not applied: those rows' claims had expired and were taken over (they will be, or were, delivered again)"
+            );
+        }
+        // Results are durable (or given up on): free the slots (the loop, if it waits for
+        // slots, wakes by itself), and wake the loop when an ordering key may be unblocked.
+        let mut keyed = false;
+        for e in buf.drain(..) {
+            keyed |= e.keyed;
+            drop(e.slot);
+        }
+        if keyed {
+            written.notify_one();
         }
     }
 }
 
-async fn flush(store: &dyn OutboxStore, buf: &mut Vec<Completion>) {
-    let mut wait = Duration::from_millis(100);
-    loop {
-        match store.complete(buf).await {
-            Ok(changed) => {
-                let expected = buf.len() as u64;
-                if changed < expected {
-                    tracing::warn!(
-                        discarded = expected - changed,
-                        "results discarded: those rows' claims had expired and were taken over"
-                    );
+/// What writing a batch came to.
+#[derive(Debug, Default)]
+struct Written {
+    /// Results whose row no longer carried their claim token (expired and taken over).
+    not_applied: u64,
+}
+
+/// Writes `batch`: retries transient failures, isolates refused rows. Returns when every
+/// result is either written or given up on (a refused row whose fallback was refused too).
+async fn write(store: &dyn OutboxStore, batch: Vec<Completion>) -> Written {
+    let mut out = Written::default();
+    // Work list of sub-batches still to write; a refused batch is replaced by its halves.
+    let mut work = vec![batch];
+    while let Some(mut part) = work.pop() {
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let expected = part.len() as u64;
+            match store.complete(&part).await {
+                Ok(changed) => {
+                    out.not_applied += expected.saturating_sub(changed);
+                    break;
                 }
-                buf.clear();
-                return;
+                Err(e) => {
+                    // Drop what the failed call did write, so it is neither written twice
+                    // nor counted as not applied.
+                    if let Some(inc) = e.downcast_ref::<Incomplete>() {
+                        let handled = inc.handled.len() as u64;
+                        out.not_applied += handled.saturating_sub(inc.changed);
+                        let mut i = 0;
+                        part.retain(|_| {
+                            let keep = !inc.handled.contains(&i);
+                            i += 1;
+                            keep
+                        });
+                    }
+                    if is_transient(&e) {
+                        metrics::counter!("outbox_relay_result_write_errors_total", "kind" => "transient").increment(1);
+                        tracing::warn!(error = %format!("{e:#}"), rows = part.len(), retry_in_ms = wait.as_millis() as u64, "writing results failed; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(MAX_RETRY_WAIT);
+                        continue;
+                    }
+                    metrics::counter!("outbox_relay_result_write_errors_total", "kind" => "refused").increment(1);
+                    if part.len() > 1 {
+                        // Split until the refused row is alone; the others go through.
+                        let rest = part.split_off(part.len() / 2);
+                        work.push(rest);
+                        work.push(part);
+                    } else if let Some(c) = part.pop() {
+                        isolate(c, &e, &mut work);
+                    }
+                    break;
+                }
             }
-            Err(e) => {
-                tracing::warn!(error = %e, rows = buf.len(), "writing results failed; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(5));
-            }
+        }
+    }
+    out
+}
+
+/// The reason written for a row whose own result the database refused: plain ASCII, so the
+/// database cannot refuse it for its text. It names what the attempt came to, since a
+/// delivered row ends FAILED here too (an operator must not requeue it blindly).
+fn generic_reason(r: &Resolution) -> String {
+    let outcome = match r {
+        Resolution::Delivered => "delivered (the receiver accepted it)",
+        Resolution::Retry { .. } => "a retryable failure",
+        Resolution::Failed { .. } => "a permanent failure",
+        Resolution::Release { .. } => "not sent",
+    };
+    format!(
+        "the result of this attempt could not be stored (the database refused it; see the relay's log); the attempt was {outcome}"
+    )
+}
+
+/// A single result the database refused: queue the row's fallback (FAILED with a generic
+/// reason), or, if the refused result already was that fallback, give up on the row (its claim
+/// expires and it is delivered again later; logged and counted).
+fn isolate(c: Completion, e: &anyhow::Error, work: &mut Vec<Vec<Completion>>) {
+    let is_fallback =
+        matches!(&c.resolution, Resolution::Failed { error } if error.starts_with(FALLBACK_PREFIX));
+    if is_fallback {
+        tracing::error!(
+            id = c.id,
+            error = %format!("{e:#}"),
+            "the database refused even the generic result for this row; it stays claimed until its claim expires"
+        );
+        metrics::counter!("outbox_relay_result_write_errors_total", "kind" => "dropped")
+            .increment(1);
+        return;
+    }
+    tracing::error!(
+        id = c.id,
+        resolution = ?c.resolution,
+        error = %format!("{e:#}"),
+        "the database refused this row's result; finishing it FAILED with a generic reason"
+    );
+    work.push(vec![Completion {
+        resolution: Resolution::Failed {
+            error: generic_reason(&c.resolution),
+        },
+        ..c
+    }]);
+}
+
+/// How every [`generic_reason`] starts.
+const FALLBACK_PREFIX: &str = "the result of this attempt could not be stored";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generic_reasons_are_plain_ascii_and_recognisable() {
+        for r in [
+            Resolution::Delivered,
+            Resolution::Failed {
+                error: "x\u{0}".into(),
+            },
+            Resolution::Retry {
+                delay: Duration::ZERO,
+                error: "y".into(),
+            },
+            Resolution::Release {
+                delay: Duration::ZERO,
+                error: None,
+            },
+        ] {
+            let g = generic_reason(&r);
+            assert!(g.is_ascii() && g.starts_with(FALLBACK_PREFIX), "{g}");
         }
     }
 }

@@ -148,7 +148,14 @@ pub struct SinkHandle {
     pub rate: Option<RateLimiter>,
     /// Set by throttles and config errors; the relay does not send while it lasts.
     pub pause: Pause,
+    /// Longest payload (bytes) this sink accepts; longer rows are FAILED unsent, and rows
+    /// longer than every sink's limit are not even loaded by the claim.
+    pub max_payload_bytes: usize,
 }
+
+/// The payload limit of sinks without a setting of their own: FCM messages (4 KiB of data)
+/// and Alimtalk templates (1,000 characters) are far smaller; the log sink is for tests.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 
 /// All sinks by name.
 pub struct SinkRegistry {
@@ -170,6 +177,10 @@ impl SinkRegistry {
                     Arc::new(alimtalk::AlimtalkSink::new(name, cfg, spec.common.timeout)?)
                 }
             };
+            let max_payload_bytes = match &spec.kind {
+                SinkKind::Webhook(cfg) => cfg.max_body_bytes,
+                _ => DEFAULT_MAX_PAYLOAD_BYTES,
+            };
             let handle = SinkHandle {
                 name: name.clone(),
                 sink,
@@ -178,6 +189,7 @@ impl SinkRegistry {
                 slots: Arc::new(Semaphore::new(spec.common.concurrency as usize)),
                 rate: spec.common.rate_per_sec.map(RateLimiter::new),
                 pause: Pause::new(name),
+                max_payload_bytes,
             };
             sinks.insert(name.clone(), Arc::new(handle));
         }
@@ -192,6 +204,15 @@ impl SinkRegistry {
     /// Every sink, by name.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<SinkHandle>> {
         self.sinks.values()
+    }
+
+    /// The largest payload any sink accepts: longer payloads are not loaded by claims.
+    pub fn max_payload_bytes(&self) -> usize {
+        self.sinks
+            .values()
+            .map(|s| s.max_payload_bytes)
+            .max()
+            .unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES)
     }
 
     /// Sinks whose rows should not be claimed now: paused, or rate-limited with a queue so

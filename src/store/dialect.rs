@@ -90,6 +90,41 @@ impl Dialect {
         }
     }
 
+    /// A text column as the claim reads it. Read as bytes on MySQL and SQLite, so that a value
+    /// that is not valid UTF-8 fails only its own row (decoded in Rust) instead of the whole
+    /// result set (the `Any` driver decodes every text value of a row eagerly). PostgreSQL
+    /// text is valid UTF-8 by construction.
+    pub fn claim_text(self, col: &str) -> String {
+        match self {
+            Dialect::Postgres => col.to_string(),
+            Dialect::MySql { .. } => format!("CAST({col} AS BINARY)"),
+            Dialect::Sqlite => format!("CAST({col} AS BLOB)"),
+        }
+    }
+
+    /// SQLite's storage classes of the given columns, comma-separated (`text,null,...`): its
+    /// columns take any type whatever the schema says (an application may store a BLOB or an
+    /// integer in a TEXT column). NULL on the other databases, whose columns are typed.
+    pub fn storage_classes(self, cols: &[String]) -> String {
+        match self {
+            Dialect::Sqlite => cols
+                .iter()
+                .map(|c| format!("typeof({c})"))
+                .collect::<Vec<_>>()
+                .join(" || ',' || "),
+            _ => "NULL".to_string(),
+        }
+    }
+
+    /// The length of `col` in bytes, as the database stores it as text.
+    pub fn byte_length(self, col: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("octet_length({col}::text)"),
+            Dialect::MySql { .. } => format!("LENGTH({col})"),
+            Dialect::Sqlite => format!("length(CAST({col} AS BLOB))"),
+        }
+    }
+
     /// A bound payload as a value of the payload column's type.
     pub fn payload_param(self) -> &'static str {
         match self {

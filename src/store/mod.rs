@@ -13,6 +13,7 @@
 
 mod admin;
 mod dialect;
+mod fault;
 mod migrate;
 mod mysql;
 mod postgres;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use dialect::Dialect;
+pub use fault::{Incomplete, is_transient};
 pub use postgres::listen;
 pub use sql::SqlStore;
 
@@ -58,6 +60,10 @@ pub struct ClaimRequest {
     /// Channels not to claim now (their sink is paused, or its rate limit could not start
     /// more rows before their claims expire).
     pub exclude_channels: Vec<String>,
+    /// Payloads longer than this (bytes, measured by the database) are not loaded: the row
+    /// comes back [`ClaimedRow::undeliverable`] and is finished FAILED. Bounds the relay's
+    /// memory whatever the table holds. `None`: no limit.
+    pub max_payload_bytes: Option<u64>,
 }
 
 /// A claimed row.
@@ -68,6 +74,12 @@ pub struct ClaimedRow {
     /// `now - created_at` on the database clock at claim time, for end-to-end latency without
     /// trusting the relay's wall clock.
     pub age_at_claim: Duration,
+    /// Why this row can never be sent, when one of its columns could not be decoded (a
+    /// wrong type, invalid UTF-8, NULL where a value is required) or its payload is over
+    /// [`ClaimRequest::max_payload_bytes`]. The reason names the column; the fields of
+    /// `delivery` that could not be read are empty. Such a row is finished FAILED at once,
+    /// and the rows claimed with it are delivered as usual.
+    pub undeliverable: Option<String>,
 }
 
 /// The result of one row, to be written back under its claim token.
@@ -253,16 +265,26 @@ pub trait OutboxStore: Send + Sync {
     ) -> BoxFuture<'a, anyhow::Result<i64>>;
 }
 
-/// Cuts an error to [`MAX_ERROR_LEN`] bytes at a character boundary.
-pub fn truncate_error(e: &str) -> String {
-    if e.len() <= MAX_ERROR_LEN {
-        return e.to_string();
+/// Makes text safe to store in any of the three databases, whatever a receiver or vendor sent:
+/// NUL (PostgreSQL refuses it in text) and other control characters except tab and newline
+/// become U+FFFD, and the result is cut to [`MAX_ERROR_LEN`] bytes at a character boundary
+/// (with "..." appended when cut). Rust strings are valid UTF-8 already; bytes from the wire
+/// are decoded lossily before they get here.
+pub fn sanitize_text(e: &str) -> String {
+    let mut out = String::with_capacity(e.len().min(MAX_ERROR_LEN + 3));
+    for c in e.chars() {
+        let c = if c.is_control() && c != '\n' && c != '\t' {
+            char::REPLACEMENT_CHARACTER
+        } else {
+            c
+        };
+        if out.len() + c.len_utf8() > MAX_ERROR_LEN {
+            out.push_str("...");
+            return out;
+        }
+        out.push(c);
     }
-    let mut end = MAX_ERROR_LEN;
-    while !e.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &e[..end])
+    out
 }
 
 /// Opens the store for `url` with `table`, without migrating.
@@ -275,4 +297,26 @@ pub async fn connect(
     Ok(Arc::new(
         SqlStore::connect(url, table, max_connections, connect_timeout).await?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitize_removes_nul_and_controls_and_cuts_at_a_char_boundary() {
+        assert_eq!(
+            sanitize_text("a\u{0}b\u{1b}[31mc\n\td"),
+            "a\u{FFFD}b\u{FFFD}[31mc\n\td"
+        );
+        assert_eq!(sanitize_text("\u{85}"), "\u{FFFD}");
+        let long = "한".repeat(MAX_ERROR_LEN); // 3 bytes each
+        let cut = sanitize_text(&long);
+        assert!(cut.len() <= MAX_ERROR_LEN + 3);
+        assert!(cut.ends_with("..."));
+        assert!(cut.len() >= MAX_ERROR_LEN - 3);
+        assert_eq!(sanitize_text("short"), "short");
+        let exact = "x".repeat(MAX_ERROR_LEN);
+        assert_eq!(sanitize_text(&exact), exact);
+    }
 }

@@ -17,8 +17,9 @@ use sqlx::{Any, AnyPool, Executor, Row};
 
 use super::dialect::placeholders;
 use super::{
-    ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, Finished, NewRow, OutboxStore,
-    Requeue, RequeueReport, Resolution, Sample, StatusReport, migrate, mysql, truncate_error,
+    ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, Finished, Incomplete, NewRow,
+    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, migrate, mysql,
+    sanitize_text,
 };
 use crate::BoxFuture;
 use crate::sink::Delivery;
@@ -161,12 +162,39 @@ impl SqlStore {
         )
     }
 
-    fn returning_columns(&self, alias: &str) -> String {
+    /// The columns a claim returns, in the order [`to_claimed`] reads them ([`COLUMNS`]).
+    /// The payload is returned only when it is within the request's size limit (NULL
+    /// otherwise), with its length beside it, so an oversized payload is never loaded.
+    fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
         let d = self.dialect;
+        let c = |name: &str| format!("{alias}{name}");
+        let len = d.byte_length(&c("payload"));
+        let text = d.claim_text(&d.payload_text(&c("payload")));
+        let payload = match req.max_payload_bytes {
+            // An integer from the configuration, not user text: safe to write into the SQL.
+            Some(max) => format!("CASE WHEN {len} <= {max} THEN {text} END"),
+            None => text,
+        };
+        let attempts = match d {
+            // Whatever an application stored there, only an integer is read as one.
+            Dialect::Sqlite => format!(
+                "CASE WHEN typeof({a}) = 'integer' THEN {a} END",
+                a = c("attempts")
+            ),
+            _ => c("attempts"),
+        };
+        let classes: Vec<String> = COLUMNS[1..4]
+            .iter()
+            .chain([&"ordering_key", &"attempts"])
+            .map(|n| c(n))
+            .collect();
         format!(
-            "{alias}id, {alias}channel, {alias}recipient, {}, {alias}attempts, {}, {alias}ordering_key",
-            d.payload_text(&format!("{alias}payload")),
-            d.age_ms(&format!("{alias}created_at"))
+            "{alias}id, {}, {}, {payload}, {attempts}, {}, {}, {len}, {}",
+            d.claim_text(&c("channel")),
+            d.claim_text(&c("recipient")),
+            d.age_ms(&c("created_at")),
+            d.claim_text(&c("ordering_key")),
+            d.storage_classes(&classes),
         )
     }
 
@@ -193,7 +221,7 @@ impl SqlStore {
                  FROM picked WHERE u.id = picked.id
                  RETURNING {cols}",
                 claimable = self.claimable(req),
-                cols = self.returning_columns("u.")
+                cols = self.returning_columns("u.", req)
             );
             let mut q = self.sql(&sql);
             if let Some(f) = &req.fence {
@@ -219,7 +247,7 @@ impl SqlStore {
                     ORDER BY o.id LIMIT ?)
                  RETURNING {cols}",
                 claimable = self.claimable(req),
-                cols = self.returning_columns("")
+                cols = self.returning_columns("", req)
             );
             let mut q = self
                 .sql(&sql)
@@ -262,7 +290,7 @@ impl SqlStore {
         };
         let sql = format!(
             "SELECT {cols} FROM {t} o WHERE {claimable} ORDER BY o.id LIMIT ? {lock}",
-            cols = self.returning_columns("o."),
+            cols = self.returning_columns("o.", req),
             claimable = self.claimable(req)
         );
         let rows = bind_excluded(self.sql(&sql), req)
@@ -355,9 +383,9 @@ impl SqlStore {
             for c in rows {
                 let error = match &c.resolution {
                     Resolution::Retry { error, .. } | Resolution::Failed { error } => {
-                        Some(truncate_error(error))
+                        Some(sanitize_text(error))
                     }
-                    Resolution::Release { error, .. } => error.as_deref().map(truncate_error),
+                    Resolution::Release { error, .. } => error.as_deref().map(sanitize_text),
                     Resolution::Delivered => None,
                 };
                 q = q.bind(c.id).bind(error);
@@ -457,20 +485,125 @@ fn kind_of(r: &Resolution) -> Kind {
     }
 }
 
-fn to_claimed(row: &AnyRow) -> anyhow::Result<ClaimedRow> {
-    let attempts: i64 = row.try_get(4)?;
-    let age_ms: i64 = row.try_get::<Option<i64>, _>(5)?.unwrap_or(0);
+/// What the claim returns, by position (see [`SqlStore::returning_columns`]); the last two
+/// are the payload's length and, on SQLite, the storage classes of channel, recipient,
+/// payload, ordering_key and attempts.
+const COLUMNS: [&str; 7] = [
+    "id",
+    "channel",
+    "recipient",
+    "payload",
+    "attempts",
+    "age",
+    "ordering_key",
+];
+
+/// Decodes one claimed row, column by column: a column that cannot be read makes the row
+/// [`ClaimedRow::undeliverable`] (naming the column) instead of failing the whole claim.
+/// Only an unreadable id fails: without it the row cannot be addressed at all.
+fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
+    let id: i64 = row
+        .try_get(0)
+        .map_err(|e| anyhow::anyhow!("a claimed row's id could not be read: {e}"))?;
+    let mut defects: Vec<String> = Vec::new();
+    // SQLite: a value stored with another storage class than the column's (BLOB, integer,
+    // real where text is expected) is refused by name, not coerced into something else.
+    if let Ok(Some(classes)) = row.try_get::<Option<String>, _>(8) {
+        let expected = [
+            ("channel", "text"),
+            ("recipient", "text"),
+            ("payload", "text"),
+            ("ordering_key", "text"),
+            ("attempts", "integer"),
+        ];
+        for ((name, want), got) in expected.iter().zip(classes.split(',')) {
+            if got != *want && got != "null" {
+                defects.push(format!(
+                    "column {name} holds a value of type {got}; {want} expected"
+                ));
+            }
+        }
+    }
+    let mut text = |i: usize| -> Option<String> {
+        match text_value(row, i) {
+            Ok(v) => v,
+            Err(e) => {
+                defects.push(format!("column {} could not be read: {e}", COLUMNS[i]));
+                None
+            }
+        }
+    };
+    let channel = text(1);
+    let recipient = text(2);
+    let payload = text(3);
+    let ordering_key = text(6);
+    if channel.is_none() && defects.is_empty() {
+        defects.push("column channel is NULL".into());
+    }
+    let attempts = match row.try_get::<Option<i64>, _>(4) {
+        Ok(a) => a.unwrap_or(0),
+        Err(e) => {
+            defects.push(format!(
+                "column attempts could not be read: {}",
+                decode_error(&e)
+            ));
+            0
+        }
+    };
+    let age_ms = row.try_get::<Option<i64>, _>(5).ok().flatten().unwrap_or(0);
+    let payload_len = row.try_get::<Option<i64>, _>(7).ok().flatten();
+    let payload = match payload {
+        Some(p) => p,
+        None => {
+            match (payload_len, req.max_payload_bytes) {
+                (Some(len), Some(max)) if len > max as i64 => defects.push(format!(
+                    "column payload is {len} bytes, over the limit of {max} bytes (the largest payload any configured sink accepts); it was not loaded"
+                )),
+                (None, _) => defects.push("column payload is NULL".into()),
+                _ => {}
+            }
+            String::new()
+        }
+    };
     Ok(ClaimedRow {
         delivery: Delivery {
-            id: row.try_get(0)?,
-            channel: row.try_get(1)?,
-            recipient: row.try_get(2)?,
-            payload: row.try_get(3)?,
+            id,
+            channel: channel.unwrap_or_default(),
+            recipient,
+            payload,
             attempts: attempts.clamp(0, u32::MAX as i64) as u32,
         },
-        ordering_key: row.try_get(6)?,
+        ordering_key,
         age_at_claim: Duration::from_millis(age_ms.max(0) as u64),
+        undeliverable: (!defects.is_empty()).then(|| defects.join("; ")),
     })
+}
+
+/// A text column of a claim (text on PostgreSQL, bytes elsewhere), as a checked `String`.
+fn text_value(row: &AnyRow, i: usize) -> Result<Option<String>, String> {
+    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+        return Ok(v);
+    }
+    match row.try_get::<Option<Vec<u8>>, _>(i) {
+        Ok(None) => Ok(None),
+        Ok(Some(bytes)) => String::from_utf8(bytes).map(Some).map_err(|e| {
+            format!(
+                "not valid UTF-8 (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            )
+        }),
+        Err(e) => Err(decode_error(&e)),
+    }
+}
+
+/// A decode error without the driver's internals: "mismatched types; ..." or "invalid
+/// UTF-8 ...", as one line.
+fn decode_error(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::ColumnDecode { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+    .replace('\n', " ")
 }
 
 impl OutboxStore for SqlStore {
@@ -508,10 +641,15 @@ impl OutboxStore for SqlStore {
                 }
                 _ => self.claim_update_returning(req).await?,
             };
-            let mut claimed = rows
-                .iter()
-                .map(to_claimed)
-                .collect::<anyhow::Result<Vec<_>>>()?;
+            let mut claimed = Vec::with_capacity(rows.len());
+            for row in &rows {
+                match to_claimed(row, req) {
+                    Ok(r) => claimed.push(r),
+                    // Cannot happen with a BIGINT primary key; if it does, the row's claim
+                    // expires and the others are still delivered.
+                    Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
+                }
+            }
             // RETURNING gives no order; delivery order within a batch is id order.
             claimed.sort_by_key(|r| r.delivery.id);
             Ok(claimed)
@@ -523,23 +661,40 @@ impl OutboxStore for SqlStore {
             if done.is_empty() {
                 return Ok(0);
             }
-            let mut groups: BTreeMap<(Kind, &str), Vec<&Completion>> = BTreeMap::new();
-            for c in done {
+            let mut groups: BTreeMap<(Kind, &str), Vec<(usize, &Completion)>> = BTreeMap::new();
+            for (i, c) in done.iter().enumerate() {
                 groups
                     .entry((kind_of(&c.resolution), &c.token))
                     .or_default()
-                    .push(c);
+                    .push((i, c));
             }
             // Each statement commits on its own (no transaction around them): a relay paused
             // between statements (SIGSTOP, a stall) must not hold row locks that keep every
             // other instance from re-claiming those rows, and then commit stale results when
             // it wakes. The statements are independent and idempotent (guarded by the claim
-            // token, which they clear), so a retry after a partial failure changes nothing twice.
+            // token, which they clear). When one fails, the error says which completions were
+            // already written ([`Incomplete`]), so the caller retries only the rest.
             let mut changed = 0;
+            let mut handled = Vec::new();
             for ((kind, token), rows) in &groups {
                 for chunk in rows.chunks(RESULT_CHUNK) {
-                    let q = self.result_statement(*kind, token, chunk);
-                    changed += q.execute(&self.pool).await?.rows_affected();
+                    let refs: Vec<&Completion> = chunk.iter().map(|(_, c)| *c).collect();
+                    let q = self.result_statement(*kind, token, &refs);
+                    match q.execute(&self.pool).await {
+                        Ok(r) => {
+                            changed += r.rows_affected();
+                            handled.extend(chunk.iter().map(|(i, _)| *i));
+                        }
+                        Err(e) if handled.is_empty() => return Err(e.into()),
+                        Err(e) => {
+                            return Err(Incomplete {
+                                handled,
+                                changed,
+                                source: e.into(),
+                            }
+                            .into());
+                        }
+                    }
                 }
             }
             Ok(changed)

@@ -78,6 +78,14 @@ fn describe() {
         "From the row's created_at to its delivery."
     );
     describe_counter!("outbox_relay_claimed_total", "Rows claimed.");
+    describe_counter!(
+        "outbox_relay_rows_undeliverable_total",
+        "Claimed rows finished FAILED because a column could not be read or the payload was over every sink's limit."
+    );
+    describe_counter!(
+        "outbox_relay_result_write_errors_total",
+        "Failed result writes by kind: transient (retried), refused (the batch is split to isolate the row), dropped (even the generic result was refused)."
+    );
     describe_histogram!(
         "outbox_relay_claim_duration_seconds",
         "Time one claim statement took."

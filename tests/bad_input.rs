@@ -1,0 +1,416 @@
+//! Bad input and poisoned results never block good rows (issue 9), through the real binary on
+//! PostgreSQL, MariaDB and SQLite with a loopback webhook receiver:
+//! - rows whose columns cannot be decoded (wrong storage class, invalid UTF-8, NULL) or whose
+//!   payload is over every sink's limit end FAILED naming the column; their neighbours are
+//!   delivered once;
+//! - a result the database refuses (a trigger) is isolated: that row ends FAILED with a
+//!   generic reason, every other result is written, nothing is sent twice;
+//! - a failure reason with NUL and control characters is stored cleaned;
+//! - while results cannot be written (a transient error), nothing new is claimed, and once
+//!   they can, every row ends SUCCESS having been sent exactly once.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use sqlx::Row;
+use support::process::*;
+use support::receiver::{Receiver, Reply};
+use support::*;
+
+/// A config with one webhook sink `hook`; `relay_extra` goes into `[relay]`, `sink_extra`
+/// into `[sinks.hook]`.
+fn config(url: &str, relay_extra: &str, sink_extra: &str) -> String {
+    format!(
+        r#"
+[relay]
+poll_interval = "50ms"
+shutdown_timeout = "5s"
+{relay_extra}
+
+[retry]
+initial_backoff = "1s"
+max_backoff = "1s"
+max_attempts = 1
+
+[sinks.hook]
+kind = "webhook"
+url = "{url}"
+timeout = "5s"
+{sink_extra}
+"#
+    )
+}
+
+fn start(td: &TestDb, cfg: &Path) -> RelayProc {
+    RelayProc::start_instance(
+        td,
+        cfg,
+        "one",
+        [("OUTBOX_RELAY__LEASE__NAME", td.table.as_str())],
+    )
+}
+
+/// (status, last_error) of every row, by id.
+async fn rows(td: &TestDb) -> HashMap<i64, (String, Option<String>)> {
+    let sql = format!("SELECT id, status, last_error FROM {}", td.table);
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_all(td.store.pool())
+        .await
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (
+                r.try_get::<i64, _>(0).expect("id"),
+                (
+                    r.try_get(1).expect("status"),
+                    r.try_get(2).expect("last_error"),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Waits until no row is PENDING or RETRY.
+async fn until_finished(td: &TestDb, timeout: Duration) {
+    until("every row finished", timeout, || async move {
+        let c = td.counts().await;
+        c[0] + c[1] == 0
+    })
+    .await;
+}
+
+/// A JSON payload literal for an INSERT on `db`.
+fn json(db: Db, text: &str) -> String {
+    match db {
+        Db::Postgres => format!("'{text}'::jsonb"),
+        _ => format!("'{text}'"),
+    }
+}
+
+/// Inserts good rows `{"n": i}` for each i in `ns`.
+async fn insert_good(td: &TestDb, ns: impl IntoIterator<Item = usize>) {
+    for i in ns {
+        let payload = json(td.db, &format!(r#"{{"n":{i}}}"#));
+        td.exec(&format!(
+            "INSERT INTO {{t}} (channel, payload) VALUES ('hook', {payload})"
+        ))
+        .await;
+    }
+}
+
+/// Asserts that every row but `bad` is SUCCESS and was received exactly once, and that no
+/// request was made for a row in `bad`.
+fn assert_good_delivered_once(
+    rx: &Receiver,
+    state: &HashMap<i64, (String, Option<String>)>,
+    bad: &[i64],
+) {
+    let counts = rx.count_by_id();
+    for (id, (status, err)) in state {
+        if bad.contains(id) {
+            continue;
+        }
+        assert_eq!(status, "SUCCESS", "row {id}: {err:?}");
+        assert_eq!(counts.get(id), Some(&1), "row {id} deliveries");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async fn undecodable_rows_fail_alone(db: Db) {
+    let Some(td) = TestDb::open(db, "bad_decode").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    insert_good(&td, 1..=3).await;
+    // Over every sink's limit (max_body_bytes = 2000 below): never loaded.
+    let big = json(db, &format!(r#"{{"pad":"{}"}}"#, "x".repeat(5000)));
+    td.exec(&format!(
+        "INSERT INTO {{t}} (channel, payload) VALUES ('hook', {big})"
+    ))
+    .await;
+    let mut bad_columns = vec![(4, "payload")];
+    if db == Db::Sqlite {
+        // What applications write into SQLite's untyped columns: a BLOB payload (Python's
+        // sqlite3 for `bytes`), text that is not UTF-8, a BLOB recipient, a text attempts
+        // count, a BLOB channel.
+        for (col, value) in [
+            ("payload", "X'7B226E223A317D'"),
+            ("payload", "CAST(X'7B226E223AFF7D' AS TEXT)"),
+            ("recipient", "X'3031303132333435'"),
+            ("attempts", "'many'"),
+            ("channel", "X'686F6F6B'"),
+        ] {
+            let (channel, payload) = match col {
+                "payload" => ("'hook'".to_string(), value.to_string()),
+                "channel" => (value.to_string(), r#"'{"n":0}'"#.to_string()),
+                _ => ("'hook'".to_string(), r#"'{"n":0}'"#.to_string()),
+            };
+            let extra = match col {
+                "recipient" | "attempts" => format!(", {col}"),
+                _ => String::new(),
+            };
+            let extra_value = match col {
+                "recipient" | "attempts" => format!(", {value}"),
+                _ => String::new(),
+            };
+            td.exec(&format!(
+                "INSERT INTO {{t}} (channel, payload{extra}) VALUES ({channel}, {payload}{extra_value})"
+            ))
+            .await;
+            let id = td.scalar("SELECT MAX(id) FROM {t}").await;
+            bad_columns.push((id, col));
+        }
+    }
+    insert_good(&td, 100..=102).await;
+
+    let cfg = write_config(
+        td.dir.path(),
+        "relay.toml",
+        &config(&rx.url(), "batch_size = 20", "max_body_bytes = 2000"),
+    );
+    let _relay = start(&td, &cfg);
+    until_finished(&td, Duration::from_secs(20)).await;
+
+    let state = rows(&td).await;
+    let bad: Vec<i64> = bad_columns.iter().map(|(id, _)| *id).collect();
+    assert_good_delivered_once(&rx, &state, &bad);
+    for (id, column) in &bad_columns {
+        let (status, err) = &state[id];
+        let err = err.as_deref().unwrap_or_default();
+        assert_eq!(status, "FAILED", "row {id} ({column}): {err}");
+        assert!(
+            err.contains(&format!("column {column}")),
+            "row {id}: the reason should name column {column}: {err}"
+        );
+        assert!(rx.requests_for(*id).is_empty(), "row {id} must not be sent");
+    }
+    td.drop_table().await;
+}
+per_db!(undecodable_rows_fail_alone);
+
+// ---------------------------------------------------------------------------------------------
+
+/// Makes the database refuse to mark row `id` SUCCESS (the way a constraint or an audit
+/// trigger of the application's might), whatever the relay writes for it.
+async fn refuse_success_of(td: &TestDb, id: i64) {
+    match td.db {
+        Db::Postgres => {
+            td.exec(&format!(
+                "CREATE FUNCTION {{t}}_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN IF NEW.status = 'SUCCESS' AND NEW.id = {id} THEN
+                 RAISE EXCEPTION 'row {id} may not succeed'; END IF; RETURN NEW; END $$"
+            ))
+            .await;
+            td.exec(
+                "CREATE TRIGGER {t}_refuse BEFORE UPDATE ON {t} FOR EACH ROW
+                 EXECUTE FUNCTION {t}_refuse()",
+            )
+            .await;
+        }
+        Db::MySql => {
+            td.exec(&format!(
+                "CREATE TRIGGER {{t}}_refuse BEFORE UPDATE ON {{t}} FOR EACH ROW
+                 BEGIN IF NEW.status = 'SUCCESS' AND NEW.id = {id} THEN
+                 SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'may not succeed'; END IF; END"
+            ))
+            .await;
+        }
+        Db::Sqlite => {
+            td.exec(&format!(
+                "CREATE TRIGGER {{t}}_refuse BEFORE UPDATE ON {{t}} FOR EACH ROW
+                 WHEN NEW.status = 'SUCCESS' AND NEW.id = {id}
+                 BEGIN SELECT RAISE(ABORT, 'may not succeed'); END"
+            ))
+            .await;
+        }
+    }
+}
+
+async fn refused_result_is_isolated(db: Db) {
+    let Some(td) = TestDb::open(db, "bad_refused").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    insert_good(&td, 1..=30).await;
+    let poisoned = td.scalar("SELECT MIN(id) FROM {t}").await + 7;
+    refuse_success_of(&td, poisoned).await;
+    let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
+    let _relay = start(&td, &cfg);
+    until_finished(&td, Duration::from_secs(20)).await;
+    // Long enough for a stuck result to show up as a re-send.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let state = rows(&td).await;
+    assert_good_delivered_once(&rx, &state, &[poisoned]);
+    let (status, err) = &state[&poisoned];
+    assert_eq!(status, "FAILED");
+    let err = err.as_deref().unwrap_or_default();
+    assert!(
+        err.contains("could not be stored") && err.contains("delivered"),
+        "generic reason expected: {err}"
+    );
+    assert_eq!(
+        rx.requests_for(poisoned).len(),
+        1,
+        "the poisoned row is sent once, not in a loop"
+    );
+    td.drop_table().await;
+}
+per_db!(refused_result_is_isolated);
+
+// ---------------------------------------------------------------------------------------------
+
+async fn control_characters_in_reasons_are_stored_clean(db: Db) {
+    let Some(td) = TestDb::open(db, "bad_nul").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    insert_good(&td, 1..=10).await;
+    let first = td.scalar("SELECT MIN(id) FROM {t}").await;
+    let victim = first + 4;
+    rx.script(
+        victim,
+        vec![Reply::status(400).body("bad\u{0}token\u{1b}[0m \u{7f}end")],
+    );
+    let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
+    let _relay = start(&td, &cfg);
+    until_finished(&td, Duration::from_secs(20)).await;
+
+    let state = rows(&td).await;
+    assert_good_delivered_once(&rx, &state, &[victim]);
+    let (status, err) = &state[&victim];
+    assert_eq!(status, "FAILED");
+    let err = err.as_deref().unwrap_or_default();
+    assert!(err.contains("400") && err.contains("bad"), "{err}");
+    assert!(
+        !err.chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t'),
+        "control characters stored: {err:?}"
+    );
+    td.drop_table().await;
+}
+per_db!(control_characters_in_reasons_are_stored_clean);
+
+// ---------------------------------------------------------------------------------------------
+
+/// Makes every result write fail with a transient error (serialization failure, SQLSTATE
+/// 40001) while `{t}_block` has a row; claims (which do not change the status) still work.
+async fn block_results(td: &TestDb) {
+    td.exec("CREATE TABLE {t}_block (x INT)").await;
+    td.exec("INSERT INTO {t}_block VALUES (1)").await;
+    match td.db {
+        Db::Postgres => {
+            td.exec(
+                "CREATE FUNCTION {t}_blockf() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN IF NEW.status <> OLD.status AND EXISTS (SELECT 1 FROM {t}_block) THEN
+                 RAISE EXCEPTION 'results blocked' USING ERRCODE = '40001'; END IF;
+                 RETURN NEW; END $$",
+            )
+            .await;
+            td.exec(
+                "CREATE TRIGGER {t}_blockt BEFORE UPDATE ON {t} FOR EACH ROW
+                 EXECUTE FUNCTION {t}_blockf()",
+            )
+            .await;
+        }
+        Db::MySql => {
+            td.exec(
+                "CREATE TRIGGER {t}_blockt BEFORE UPDATE ON {t} FOR EACH ROW
+                 BEGIN IF NEW.status <> OLD.status AND EXISTS (SELECT 1 FROM {t}_block) THEN
+                 SIGNAL SQLSTATE '40001' SET MESSAGE_TEXT = 'results blocked'; END IF; END",
+            )
+            .await;
+        }
+        Db::Sqlite => unreachable!("SQLite triggers can only abort"),
+    }
+}
+
+async fn unwritable_results_stop_new_claims(db: Db) {
+    let Some(td) = TestDb::open(db, "bad_backpressure").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    insert_good(&td, 1..=40).await;
+    block_results(&td).await;
+    let cfg = write_config(
+        td.dir.path(),
+        "relay.toml",
+        &config(
+            &rx.url(),
+            "max_in_flight = 4\nbatch_size = 4\nclaim_ttl = \"40s\"",
+            "",
+        ),
+    );
+    let mut relay = start(&td, &cfg);
+    rx.expect_requests(4, Duration::from_secs(15), "the first batch")
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        rx.len(),
+        4,
+        "while no result can be written, no more than max_in_flight rows may be sent"
+    );
+    assert_eq!(td.counts().await[2], 0, "nothing can be SUCCESS yet");
+    td.exec("DELETE FROM {t}_block").await;
+
+    until_finished(&td, Duration::from_secs(30)).await;
+    let state = rows(&td).await;
+    assert_good_delivered_once(&rx, &state, &[]);
+    assert_eq!(rx.len(), 40);
+    assert!(relay.running());
+    td.exec("DROP TABLE {t}_block").await;
+    td.drop_table().await;
+}
+
+mod unwritable_results_stop_new_claims {
+    use super::*;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::unwritable_results_stop_new_claims(Db::Postgres).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        super::unwritable_results_stop_new_claims(Db::MySql).await
+    }
+}
+
+/// SQLite: the database locked by another writer for a few seconds (results and claims
+/// wait, time out as SQLITE_BUSY and are retried); nothing is lost or sent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_locked_for_a_while_loses_nothing() {
+    let Some(td) = TestDb::open(Db::Sqlite, "bad_locked").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    rx.set_delay(Duration::from_millis(300));
+    insert_good(&td, 1..=60).await;
+    let cfg = write_config(
+        td.dir.path(),
+        "relay.toml",
+        &config(&rx.url(), "max_in_flight = 8\nbatch_size = 8", ""),
+    );
+    let _relay = start(&td, &cfg);
+    rx.expect_requests(8, Duration::from_secs(15), "the first batch")
+        .await;
+    {
+        let mut conn = td.store.pool().acquire().await.expect("connection");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .expect("lock");
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        sqlx::query("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("unlock");
+    }
+    until_finished(&td, Duration::from_secs(40)).await;
+    let state = rows(&td).await;
+    assert_good_delivered_once(&rx, &state, &[]);
+    assert_eq!(rx.len(), 60);
+    td.drop_table().await;
+}
