@@ -27,7 +27,6 @@ fn config(url: &str, relay_extra: &str, sink_extra: &str) -> String {
         r#"
 [relay]
 poll_interval = "50ms"
-shutdown_timeout = "5s"
 {relay_extra}
 
 [retry]
@@ -132,7 +131,12 @@ async fn undecodable_rows_fail_alone(db: Db) {
         "INSERT INTO {{t}} (channel, payload) VALUES ('hook', {big})"
     ))
     .await;
-    let mut bad_columns = vec![(4, "payload")];
+    let big_id = td.scalar("SELECT MAX(id) FROM {t}").await;
+    // (row, what its reason must say)
+    let mut bad_rows = vec![(
+        big_id,
+        "exceeds sinks.hook.max_body_bytes (2000)".to_string(),
+    )];
     if db == Db::Sqlite {
         // What applications write into SQLite's untyped columns: a BLOB payload (Python's
         // sqlite3 for `bytes`), text that is not UTF-8, a BLOB recipient, a text attempts
@@ -162,7 +166,7 @@ async fn undecodable_rows_fail_alone(db: Db) {
             ))
             .await;
             let id = td.scalar("SELECT MAX(id) FROM {t}").await;
-            bad_columns.push((id, col));
+            bad_rows.push((id, format!("column {col}")));
         }
     }
     insert_good(&td, 100..=102).await;
@@ -176,15 +180,15 @@ async fn undecodable_rows_fail_alone(db: Db) {
     until_finished(&td, Duration::from_secs(20)).await;
 
     let state = rows(&td).await;
-    let bad: Vec<i64> = bad_columns.iter().map(|(id, _)| *id).collect();
+    let bad: Vec<i64> = bad_rows.iter().map(|(id, _)| *id).collect();
     assert_good_delivered_once(&rx, &state, &bad);
-    for (id, column) in &bad_columns {
+    for (id, expected) in &bad_rows {
         let (status, err) = &state[id];
         let err = err.as_deref().unwrap_or_default();
-        assert_eq!(status, "FAILED", "row {id} ({column}): {err}");
+        assert_eq!(status, "FAILED", "row {id} ({expected}): {err}");
         assert!(
-            err.contains(&format!("column {column}")),
-            "row {id}: the reason should name column {column}: {err}"
+            err.contains(expected.as_str()),
+            "row {id}: the reason should say {expected:?}: {err}"
         );
         assert!(rx.requests_for(*id).is_empty(), "row {id} must not be sent");
     }
@@ -414,3 +418,56 @@ async fn sqlite_locked_for_a_while_loses_nothing() {
     assert_eq!(rx.len(), 60);
     td.drop_table().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+
+/// Holds an exclusive lock on the outbox table from another session until dropped.
+async fn lock_table(td: &TestDb) -> sqlx::pool::PoolConnection<sqlx::Any> {
+    let mut conn = td.store.pool().acquire().await.expect("connection");
+    let statements: Vec<String> = match td.db {
+        Db::Postgres => vec![
+            "BEGIN".into(),
+            format!("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE", td.table),
+        ],
+        Db::MySql => vec![format!("LOCK TABLES {} WRITE", td.table)],
+        Db::Sqlite => vec!["BEGIN EXCLUSIVE".into()],
+    };
+    for sql in statements {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await
+            .expect("lock");
+    }
+    conn
+}
+
+async fn shutdown_is_bounded_on_a_locked_table(db: Db) {
+    let Some(td) = TestDb::open(db, "bad_locked_exit").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    let cfg = write_config(
+        td.dir.path(),
+        "relay.toml",
+        &config(&rx.url(), "shutdown_timeout = \"3s\"", ""),
+    );
+    let mut relay = start(&td, &cfg);
+    insert_good(&td, 1..=3).await;
+    rx.expect_requests(3, Duration::from_secs(15), "rows before the lock")
+        .await;
+    let conn = lock_table(&td).await;
+    // Let the relay's next claims run into the lock.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let signalled = std::time::Instant::now();
+    relay.sigterm();
+    let (status, exited) = relay.wait_exit_at(Duration::from_secs(15)).await;
+    let took = exited.duration_since(signalled);
+    drop(conn);
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        took < Duration::from_millis(3_000 + 1_000),
+        "exit took {took:?} with shutdown_timeout 3s"
+    );
+    td.drop_table().await;
+}
+per_db!(shutdown_is_bounded_on_a_locked_table);

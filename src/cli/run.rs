@@ -122,9 +122,17 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
         health,
         shutdown,
     };
+    let release_budget = settings.relay.shutdown_timeout / 10;
     relay.run().await;
     if let Some(k) = keeper {
-        k.release().await;
+        // Bounded: a lease backend that does not answer must not keep the process past
+        // shutdown_timeout (the lease then simply expires after its ttl).
+        if tokio::time::timeout(release_budget, k.release())
+            .await
+            .is_err()
+        {
+            tracing::warn!("releasing the lease timed out; it will expire after its ttl");
+        }
     }
     http_stop.cancel();
     Ok(())
@@ -152,7 +160,11 @@ async fn connect(
             }
             anyhow::Ok(store)
         };
-        match attempt.await {
+        let attempt = tokio::select! {
+            r = attempt => r,
+            _ = shutdown.cancelled() => return Ok(None),
+        };
+        match attempt {
             Ok(store) => {
                 tracing::info!(
                     database = %settings.database_url_redacted(),

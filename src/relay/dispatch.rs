@@ -21,7 +21,7 @@ use super::recorder::RecorderHandle;
 use crate::lease::LeaseState;
 use crate::retry;
 use crate::sink::{CONFIG_ERROR_PAUSE, Outcome, SinkRegistry};
-use crate::store::{ClaimedRow, Completion, Resolution};
+use crate::store::{ClaimedRow, Completion, Resolution, Undeliverable};
 
 /// Extra time the relay allows a sink beyond its own timeout before giving up on it.
 const TIMEOUT_GRACE: Duration = Duration::from_secs(1);
@@ -86,8 +86,8 @@ impl Dispatcher {
 
     async fn attempt(&self, job: &Job) -> Resolution {
         let d = &job.row.delivery;
-        if let Some(why) = &job.row.undeliverable {
-            tracing::warn!(id = d.id, reason = %why, "row cannot be delivered; marking it FAILED");
+        if let Some(Undeliverable::Unreadable(why)) = &job.row.undeliverable {
+            tracing::warn!(id = d.id, reason = %why, "row cannot be read; marking it FAILED");
             metrics::counter!("outbox_relay_rows_undeliverable_total").increment(1);
             return Resolution::Failed {
                 error: format!("row could not be read: {why}"),
@@ -99,14 +99,16 @@ impl Dispatcher {
                 error: format!("no sink is configured for channel \"{}\"", d.channel),
             };
         };
-        if d.payload.len() > sink.max_payload_bytes {
-            metrics::counter!("outbox_relay_deliveries_total", "sink" => sink.name.clone(), "outcome" => "permanent").increment(1);
+        let bytes = match &job.row.undeliverable {
+            Some(Undeliverable::TooLarge { bytes }) => Some(*bytes),
+            _ => (d.payload.len() > sink.max_payload_bytes).then_some(d.payload.len() as u64),
+        };
+        if let Some(bytes) = bytes {
+            metrics::counter!("outbox_relay_rows_undeliverable_total").increment(1);
             return Resolution::Failed {
                 error: format!(
-                    "payload of {} bytes exceeds the {} bytes sink {} accepts",
-                    d.payload.len(),
-                    sink.max_payload_bytes,
-                    sink.name
+                    "payload of {bytes} bytes exceeds {} ({}); it was not sent",
+                    sink.payload_limit_key, sink.max_payload_bytes
                 ),
             };
         }

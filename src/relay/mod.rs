@@ -198,13 +198,15 @@ impl Relay {
         }
 
         // Shutdown: nothing more is claimed; rows not yet sent are given back by their tasks.
+        // The whole shutdown fits in shutdown_timeout whatever the database does: sends get
+        // 80% of it, writing their results the next 10%, and the caller's lease release the
+        // rest (see `shutdown_budget`).
         self.health.set_draining();
+        let (drain, record) = shutdown_budget(s.shutdown_timeout);
         let in_flight = tasks.len();
         tracing::info!(in_flight, "shutting down: waiting for deliveries in flight");
-        let drained = tokio::time::timeout(s.shutdown_timeout, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
+        let drained =
+            tokio::time::timeout(drain, async { while tasks.join_next().await.is_some() {} }).await;
         if drained.is_err() {
             tracing::warn!(
                 left = tasks.len(),
@@ -213,7 +215,7 @@ impl Relay {
             tasks.abort_all();
         }
         drop(dispatcher);
-        recorder.close(Duration::from_secs(10)).await;
+        recorder.close(record).await;
         tracing::info!("relay stopped");
     }
 
@@ -238,4 +240,10 @@ async fn lease_changed(rx: &mut Option<watch::Receiver<LeaseState>>) {
         }
         None => std::future::pending::<()>().await,
     }
+}
+
+/// How `shutdown_timeout` is shared out: (waiting for sends in flight, writing their
+/// results). What is left (a tenth) is for releasing the lease.
+pub fn shutdown_budget(shutdown_timeout: Duration) -> (Duration, Duration) {
+    (shutdown_timeout * 8 / 10, shutdown_timeout / 10)
 }

@@ -151,6 +151,8 @@ pub struct SinkHandle {
     /// Longest payload (bytes) this sink accepts; longer rows are FAILED unsent, and rows
     /// longer than every sink's limit are not even loaded by the claim.
     pub max_payload_bytes: usize,
+    /// The setting behind `max_payload_bytes`, for reasons and logs.
+    pub payload_limit_key: String,
 }
 
 /// The payload limit of sinks without a setting of their own: FCM messages (4 KiB of data)
@@ -177,9 +179,14 @@ impl SinkRegistry {
                     Arc::new(alimtalk::AlimtalkSink::new(name, cfg, spec.common.timeout)?)
                 }
             };
-            let max_payload_bytes = match &spec.kind {
-                SinkKind::Webhook(cfg) => cfg.max_body_bytes,
-                _ => DEFAULT_MAX_PAYLOAD_BYTES,
+            let (max_payload_bytes, payload_limit_key) = match &spec.kind {
+                SinkKind::Webhook(cfg) => {
+                    (cfg.max_body_bytes, format!("sinks.{name}.max_body_bytes"))
+                }
+                _ => (
+                    DEFAULT_MAX_PAYLOAD_BYTES,
+                    format!("the payload limit of sink {name}"),
+                ),
             };
             let handle = SinkHandle {
                 name: name.clone(),
@@ -190,6 +197,7 @@ impl SinkRegistry {
                 rate: spec.common.rate_per_sec.map(RateLimiter::new),
                 pause: Pause::new(name),
                 max_payload_bytes,
+                payload_limit_key,
             };
             sinks.insert(name.clone(), Arc::new(handle));
         }

@@ -74,12 +74,20 @@ pub struct ClaimedRow {
     /// `now - created_at` on the database clock at claim time, for end-to-end latency without
     /// trusting the relay's wall clock.
     pub age_at_claim: Duration,
-    /// Why this row can never be sent, when one of its columns could not be decoded (a
-    /// wrong type, invalid UTF-8, NULL where a value is required) or its payload is over
-    /// [`ClaimRequest::max_payload_bytes`]. The reason names the column; the fields of
-    /// `delivery` that could not be read are empty. Such a row is finished FAILED at once,
-    /// and the rows claimed with it are delivered as usual.
-    pub undeliverable: Option<String>,
+    /// Why this row can never be sent, if it cannot: such a row is finished FAILED at once,
+    /// and the rows claimed with it are delivered as usual. The fields of `delivery` that
+    /// could not be read are empty.
+    pub undeliverable: Option<Undeliverable>,
+}
+
+/// Why a claimed row cannot be sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Undeliverable {
+    /// A column could not be decoded (a wrong type, invalid UTF-8, NULL where a value is
+    /// required); the text names the column.
+    Unreadable(String),
+    /// The payload is over [`ClaimRequest::max_payload_bytes`] and was not loaded.
+    TooLarge { bytes: u64 },
 }
 
 /// The result of one row, to be written back under its claim token.

@@ -18,11 +18,16 @@ use sqlx::{Any, AnyPool, Executor, Row};
 use super::dialect::placeholders;
 use super::{
     ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, Finished, Incomplete, NewRow,
-    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, migrate, mysql,
-    sanitize_text,
+    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, Undeliverable, migrate,
+    mysql, sanitize_text,
 };
 use crate::BoxFuture;
 use crate::sink::Delivery;
+
+/// Longest a statement waits for a row or table lock before failing (and being retried).
+const LOCK_WAIT: Duration = Duration::from_secs(5);
+/// Longest a statement may run on the server (migrations of large tables included).
+const STATEMENT_TIME: Duration = Duration::from_secs(300);
 
 /// Most rows in one result statement (keeps statements and their parameter lists bounded).
 const RESULT_CHUNK: usize = 500;
@@ -71,22 +76,42 @@ impl SqlStore {
         // A relay paused inside a transaction (SIGSTOP, a stall) must not keep its locks for
         // as long as it is stopped: the server ends such a session after IDLE_TX_TIMEOUT.
         // (MySQL 8 has no such setting; only its claim and migrations use transactions.)
+        // Every statement waits at most LOCK_WAIT for a lock and runs at most STATEMENT_TIME
+        // on the server: a table locked by another session (a migration, a long transaction
+        // of the application's) makes a claim fail and retry instead of hanging, so readiness
+        // tells the truth and shutdown is never held up by the database.
         let options = match dialect {
             Dialect::MySql { .. } => options.after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
-                    // MariaDB only; MySQL refuses the unknown variable, which is harmless.
+                    conn.execute(sqlx::AssertSqlSafe(format!(
+                        "SET SESSION innodb_lock_wait_timeout = {lock}, lock_wait_timeout = {lock}",
+                        lock = LOCK_WAIT.as_secs()
+                    )))
+                    .await?;
+                    // MariaDB only; MySQL refuses the unknown variables, which is harmless
+                    // (there, max_execution_time bounds SELECTs only).
                     let _ = conn
                         .execute("SET SESSION idle_transaction_timeout = 5")
+                        .await;
+                    let _ = conn
+                        .execute(sqlx::AssertSqlSafe(format!(
+                            "SET SESSION max_statement_time = {}",
+                            STATEMENT_TIME.as_secs()
+                        )))
                         .await;
                     Ok(())
                 })
             }),
             Dialect::Postgres => options.after_connect(|conn, _| {
                 Box::pin(async move {
-                    conn.execute("SET idle_in_transaction_session_timeout = '5s'")
-                        .await?;
+                    conn.execute(sqlx::AssertSqlSafe(format!(
+                        "SET idle_in_transaction_session_timeout = '5s'; SET lock_timeout = '{}ms'; SET statement_timeout = '{}ms'",
+                        LOCK_WAIT.as_millis(),
+                        STATEMENT_TIME.as_millis()
+                    )))
+                    .await?;
                     Ok(())
                 })
             }),
@@ -552,18 +577,22 @@ fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
     };
     let age_ms = row.try_get::<Option<i64>, _>(5).ok().flatten().unwrap_or(0);
     let payload_len = row.try_get::<Option<i64>, _>(7).ok().flatten();
+    let mut too_large = None;
     let payload = match payload {
         Some(p) => p,
         None => {
             match (payload_len, req.max_payload_bytes) {
-                (Some(len), Some(max)) if len > max as i64 => defects.push(format!(
-                    "column payload is {len} bytes, over the limit of {max} bytes (the largest payload any configured sink accepts); it was not loaded"
-                )),
+                (Some(len), Some(max)) if len > max as i64 => too_large = Some(len as u64),
                 (None, _) => defects.push("column payload is NULL".into()),
                 _ => {}
             }
             String::new()
         }
+    };
+    let undeliverable = if !defects.is_empty() {
+        Some(Undeliverable::Unreadable(defects.join("; ")))
+    } else {
+        too_large.map(|bytes| Undeliverable::TooLarge { bytes })
     };
     Ok(ClaimedRow {
         delivery: Delivery {
@@ -575,7 +604,7 @@ fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
         },
         ordering_key,
         age_at_claim: Duration::from_millis(age_ms.max(0) as u64),
-        undeliverable: (!defects.is_empty()).then(|| defects.join("; ")),
+        undeliverable,
     })
 }
 
