@@ -350,13 +350,19 @@ async fn unwritable_results_stop_new_claims(db: Db) {
         ),
     );
     let mut relay = start(&td, &cfg);
-    rx.expect_requests(4, Duration::from_secs(15), "the first batch")
+    rx.expect_requests(1, Duration::from_secs(15), "the first batch")
         .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let sent = rx.len();
+    assert!(
+        sent <= 4,
+        "while no result can be written, no more than max_in_flight (4) rows may be sent: {sent}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         rx.len(),
-        4,
-        "while no result can be written, no more than max_in_flight rows may be sent"
+        sent,
+        "sends went on while no result could be written"
     );
     assert_eq!(td.counts().await[2], 0, "nothing can be SUCCESS yet");
     td.exec("DELETE FROM {t}_block").await;
@@ -471,3 +477,85 @@ async fn shutdown_is_bounded_on_a_locked_table(db: Db) {
     td.drop_table().await;
 }
 per_db!(shutdown_is_bounded_on_a_locked_table);
+
+// ---------------------------------------------------------------------------------------------
+
+/// A slow sink never delays another sink's rows: 20 rows for a sink that takes 1 s per send
+/// with concurrency 4 (or a rate of 4/s) are claimed first, then 20 rows for a fast sink;
+/// with 8 in-flight slots, the fast rows must not wait for the slow campaign.
+async fn slow_sink_does_not_delay_others(db: Db, slow_limit: &str) {
+    let Some(td) = TestDb::open(db, "bad_fair").await else {
+        return;
+    };
+    let slow = Receiver::start(None).await;
+    slow.set_delay(Duration::from_millis(1000));
+    let fast = Receiver::start(None).await;
+    for (channel, n) in [("slow", 20), ("fast", 20)] {
+        for i in 0..n {
+            let payload = json(db, &format!(r#"{{"n":{i}}}"#));
+            td.exec(&format!(
+                "INSERT INTO {{t}} (channel, payload) VALUES ('{channel}', {payload})"
+            ))
+            .await;
+        }
+    }
+    let cfg = format!(
+        r#"
+[relay]
+poll_interval = "200ms"
+max_in_flight = 8
+batch_size = 8
+
+[sinks.slow]
+kind = "webhook"
+url = "{}"
+timeout = "5s"
+{slow_limit}
+
+[sinks.fast]
+kind = "webhook"
+url = "{}"
+timeout = "5s"
+"#,
+        slow.url(),
+        fast.url()
+    );
+    let cfg = write_config(td.dir.path(), "relay.toml", &cfg);
+    let _relay = start(&td, &cfg);
+    fast.expect_requests(20, Duration::from_secs(20), "fast rows")
+        .await;
+    slow.expect_requests(1, Duration::from_secs(5), "slow rows")
+        .await;
+    let first_slow = slow.requests()[0].at;
+    let last_fast = fast
+        .requests()
+        .iter()
+        .map(|r| r.at)
+        .max()
+        .expect("requests");
+    let behind = last_fast.saturating_duration_since(first_slow);
+    // The slow campaign takes about 5 s; one claim round trip is well under a second.
+    assert!(
+        behind < Duration::from_millis(1500),
+        "the last fast row arrived {behind:?} after the slow campaign began\nfast: {}\nslow: {}",
+        support::receiver::timeline(&fast.requests(), first_slow),
+        support::receiver::timeline(&slow.requests(), first_slow)
+    );
+    until_finished(&td, Duration::from_secs(30)).await;
+    assert_eq!(td.counts().await, [0, 0, 40, 0]);
+    let mut seen = slow.count_by_id();
+    seen.extend(fast.count_by_id());
+    assert_eq!(seen.len(), 40, "every row sent");
+    assert_eq!(slow.len() + fast.len(), 40, "every row sent once");
+    td.drop_table().await;
+}
+
+async fn slow_sink_by_concurrency(db: Db) {
+    slow_sink_does_not_delay_others(db, "concurrency = 4").await
+}
+per_db!(slow_sink_by_concurrency);
+
+async fn slow_sink_by_rate(db: Db) {
+    slow_sink_does_not_delay_others(db, "rate_per_sec = 4.0").await
+}
+per_db!(slow_sink_by_rate);

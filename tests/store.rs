@@ -28,6 +28,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         fence,
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
+        budgets: None,
     }
 }
 

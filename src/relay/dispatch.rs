@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::task::Poll;
 
-use tokio::sync::{OwnedSemaphorePermit, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +35,9 @@ pub struct Dispatcher {
     pub shutdown: CancellationToken,
     /// The lease state in leader mode; `None` when no lease applies.
     pub lease: Option<watch::Receiver<LeaseState>>,
+    /// The relay loop's wake-up: a freed slot of a sink whose last claim took its whole
+    /// budget means more of its rows can be claimed now.
+    pub wake: Arc<Notify>,
 }
 
 /// A claimed row and its claim.
@@ -55,6 +59,11 @@ impl Dispatcher {
     /// Delivers one row and records its result.
     pub async fn deliver(&self, mut job: Job) {
         let resolution = self.attempt(&job).await;
+        if let Some(sink) = self.sinks.get(&job.row.delivery.channel)
+            && sink.hungry.load(Ordering::Relaxed)
+        {
+            self.wake.notify_one();
+        }
         self.recorder.record(
             Completion {
                 id: job.row.delivery.id,
@@ -99,6 +108,13 @@ impl Dispatcher {
                 error: format!("no sink is configured for channel \"{}\"", d.channel),
             };
         };
+        // This row was counted in the sink's queue when it was claimed; it leaves the queue
+        // when it holds a sink slot or is given back, whichever comes first.
+        let queued = job
+            .row
+            .undeliverable
+            .is_none()
+            .then(|| Queued(&sink.queued));
         let bytes = match &job.row.undeliverable {
             Some(Undeliverable::TooLarge { bytes }) => Some(*bytes),
             _ => (d.payload.len() > sink.max_payload_bytes).then_some(d.payload.len() as u64),
@@ -139,6 +155,7 @@ impl Dispatcher {
             _ = self.shutdown.cancelled() => return give_back("shutting down"),
             _ = tokio::time::sleep_until(latest_start) => return give_back("claim expired waiting for a sink slot"),
         };
+        drop(queued);
         if let Some(rate) = &sink.rate {
             tokio::select! {
                 _ = rate.acquire() => {}
@@ -194,6 +211,16 @@ impl Dispatcher {
             }
         }
         retry::resolve(&outcome, d.attempts, &sink.retry)
+    }
+}
+
+/// A row counted in its sink's [`SinkHandle::queued`](crate::sink::SinkHandle); uncounted
+/// when dropped.
+struct Queued<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -19,6 +19,7 @@ mod dispatch;
 mod recorder;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore, watch};
@@ -34,6 +35,16 @@ use crate::lease::{LeaseState, drift};
 use crate::sink::SinkRegistry;
 use crate::store::{ClaimRequest, OutboxStore};
 use crate::telemetry::Health;
+
+/// How far ahead a rate-limited sink's budget looks: rows it cannot start within this are
+/// left in the table for a later claim.
+const BUDGET_HORIZON: Duration = Duration::from_millis(500);
+/// Longest the loop waits for half a batch of free slots before claiming for the slots that
+/// are free.
+const GATHER_SLOTS: Duration = Duration::from_millis(20);
+/// How often a claim also looks for rows of channels that no sink serves (to fail them):
+/// that look cannot use the channel index, so it is not made on every claim.
+const OTHERS_EVERY: Duration = Duration::from_secs(2);
 
 /// Everything the loop needs.
 pub struct Relay {
@@ -59,6 +70,7 @@ impl Relay {
         let dispatcher = Arc::new(Dispatcher {
             sinks: self.sinks.clone(),
             recorder: recorder.handle(),
+            wake: self.wake.clone(),
             shutdown: self.shutdown.clone(),
             lease: self.lease.as_ref().map(|(_, rx)| rx.clone()),
         });
@@ -70,6 +82,8 @@ impl Relay {
         let mut tasks = JoinSet::new();
         let mut lease_rx = self.lease.as_ref().map(|(_, rx)| rx.clone());
         let mut db_failures = 0u32;
+        let mut last_others = Instant::now() - OTHERS_EVERY;
+        let mut gathered = false;
         tracing::info!(
             instance = %s.instance_id,
             mode = ?s.mode,
@@ -102,30 +116,61 @@ impl Relay {
             //    exceed max_in_flight.
             let free = slots.available_permits();
             let busy = (s.max_in_flight as usize).saturating_sub(free);
-            if free < worth_claiming && busy > 0 {
+            //    Waiting for half a batch of free slots saves statements, but only for a
+            //    moment: slow sends may hold slots for seconds, and other sinks' rows must
+            //    not wait for them.
+            //    (The semaphore is fair: a waiter for several permits would hold back a
+            //    waiter for one, so the two waits are never made at once.)
+            if free == 0 {
                 tokio::select! {
-                    p = slots.clone().acquire_many_owned(worth_claiming as u32) => drop(p),
+                    p = slots.clone().acquire_owned() => drop(p),
                     _ = self.shutdown.cancelled() => {}
                 }
                 continue;
             }
+            if free < worth_claiming && busy > 0 && !gathered {
+                tokio::select! {
+                    p = slots.clone().acquire_many_owned(worth_claiming as u32) => drop(p),
+                    _ = tokio::time::sleep(GATHER_SLOTS) => gathered = true,
+                    _ = self.shutdown.cancelled() => {}
+                }
+                continue;
+            }
+            gathered = false;
             let limit = free.min(s.batch_size as usize);
             if limit == 0 {
                 continue;
             }
 
-            // 3. Claim.
+            // 3. Claim only what each sink can start now (its free slots and rate), shared
+            //    fairly when they ask for more than is free: rows of a slow or saturated sink
+            //    never sit in the relay's slots waiting for that sink while another sink's
+            //    rows wait in the table. Channels no sink serves are looked for now and then.
+            let others = last_others.elapsed() >= OTHERS_EVERY;
+            let budgets = self.sinks.budgets(limit as u32, BUDGET_HORIZON, others);
+            if others {
+                last_others = Instant::now();
+            }
+            if budgets.total() == 0 {
+                tokio::select! {
+                    _ = self.wake.notified() => {}
+                    _ = tokio::time::sleep(s.poll_interval) => {}
+                    _ = self.shutdown.cancelled() => {}
+                    _ = lease_changed(&mut lease_rx) => {}
+                }
+                continue;
+            }
             let token: Arc<str> = Arc::from(crate::random_token());
             let epoch = fence.as_ref().map(|f| f.epoch);
             let req = ClaimRequest {
-                limit: limit as u32,
+                limit: budgets.total(),
                 ttl: s.claim_ttl,
                 claimer: s.instance_id.clone(),
                 token: token.clone(),
                 fence,
-                // Half the claim: a rate-limited row must be able to start well inside it.
-                exclude_channels: self.sinks.unavailable(s.claim_ttl / 2),
+                exclude_channels: Vec::new(),
                 max_payload_bytes: Some(self.sinks.max_payload_bytes() as u64),
+                budgets: Some(budgets.clone()),
             };
             let claimed_at = Instant::now();
             // Raced against shutdown: a claim stuck on a locked table must not hold the
@@ -160,7 +205,26 @@ impl Relay {
             metrics::histogram!("outbox_relay_claim_duration_seconds")
                 .record(claimed_at.elapsed().as_secs_f64());
             metrics::counter!("outbox_relay_claimed_total").increment(rows.len() as u64);
-            let n = rows.len();
+            // A channel that got its whole budget probably has more rows due.
+            let mut full = false;
+            for (channel, budget) in &budgets.channels {
+                let got = rows
+                    .iter()
+                    .filter(|r| &r.delivery.channel == channel)
+                    .count();
+                let hungry = got >= *budget as usize;
+                full |= hungry;
+                if let Some(sink) = self.sinks.get(channel) {
+                    sink.hungry.store(hungry, Ordering::Relaxed);
+                }
+            }
+            if let Some((known, budget)) = &budgets.others {
+                let got = rows
+                    .iter()
+                    .filter(|r| !known.contains(&r.delivery.channel))
+                    .count();
+                full |= got >= *budget as usize;
+            }
             let deadline = claimed_at + s.claim_ttl - drift(s.claim_ttl);
 
             // 4. One delivery task per row; each holds one in-flight slot.
@@ -173,6 +237,12 @@ impl Relay {
                     );
                     continue;
                 };
+                if row.undeliverable.is_none()
+                    && let Some(sink) = self.sinks.get(&row.delivery.channel)
+                {
+                    // Released by the delivery once it holds the sink's slot.
+                    sink.queued.fetch_add(1, Ordering::Relaxed);
+                }
                 let dispatcher = dispatcher.clone();
                 let job = Job {
                     row,
@@ -185,8 +255,10 @@ impl Relay {
                 tasks.spawn(async move { dispatcher.deliver(job).await });
             }
 
-            // 5. A full batch: there is probably more; claim again at once.
-            if n == limit {
+            // 5. A channel took its whole budget: there is probably more; claim again at once
+            //    (a sink with no capacity left asks for nothing, and a freed slot of a
+            //    hungry sink wakes the loop).
+            if full {
                 continue;
             }
             tokio::select! {

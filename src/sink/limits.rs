@@ -59,6 +59,20 @@ impl RateLimiter {
         }
     }
 
+    /// How many starts a claim made now can count on within `horizon`: the tokens there will
+    /// be by then, less the reservations already queued.
+    pub fn starts_within(&self, horizon: Duration) -> usize {
+        let state = match self.state.lock() {
+            Ok(g) => *g,
+            Err(poisoned) => *poisoned.into_inner(),
+        };
+        let (tokens, at) = state;
+        let now = Instant::now();
+        let then = (tokens + now.duration_since(at).as_secs_f64() * self.rate).min(self.burst)
+            + horizon.as_secs_f64() * self.rate;
+        if then < 1.0 { 0 } else { then.floor() as usize }
+    }
+
     /// Waits for a token.
     pub async fn acquire(&self) {
         let wait = self.reserve();

@@ -18,6 +18,7 @@ pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub use limits::{Pause, RateLimiter};
@@ -26,6 +27,7 @@ use tokio::sync::Semaphore;
 
 use crate::BoxFuture;
 use crate::config::{RetrySettings, Settings};
+use crate::store::Budgets;
 
 /// One row on its way to a sink: what a sink may read of it.
 #[derive(Debug, Clone)]
@@ -153,7 +155,16 @@ pub struct SinkHandle {
     pub max_payload_bytes: usize,
     /// The setting behind `max_payload_bytes`, for reasons and logs.
     pub payload_limit_key: String,
+    /// Rows claimed for this sink that do not hold one of its `slots` yet: promised
+    /// capacity, not offered to the next claim.
+    pub queued: AtomicUsize,
+    /// The last claim took this sink's whole budget: it probably has more rows due, so a
+    /// freed slot should wake the relay loop instead of waiting for the next poll.
+    pub hungry: AtomicBool,
 }
+
+/// Most rows of channels no sink serves taken by one claim.
+pub const OTHERS_PER_CLAIM: u32 = 32;
 
 /// The payload limit of sinks without a setting of their own: FCM messages (4 KiB of data)
 /// and Alimtalk templates (1,000 characters) are far smaller; the log sink is for tests.
@@ -198,6 +209,8 @@ impl SinkRegistry {
                 pause: Pause::new(name),
                 max_payload_bytes,
                 payload_limit_key,
+                queued: AtomicUsize::new(0),
+                hungry: AtomicBool::new(false),
             };
             sinks.insert(name.clone(), Arc::new(handle));
         }
@@ -214,6 +227,53 @@ impl SinkRegistry {
         self.sinks.values()
     }
 
+    /// Per-channel budgets for a claim of at most `free` rows. Each sink asks for what it
+    /// can start now: its free concurrency slots not already promised to claimed rows, and
+    /// what its rate allows within `horizon`; a paused sink asks for nothing. When the asks
+    /// add up to more than `free`, they are shared out evenly (the smallest asks are met in
+    /// full, the rest split what is left), so a sink with a deep backlog cannot take the
+    /// slots the others need. With `others`, a quarter of `free` (at most
+    /// [`OTHERS_PER_CLAIM`]) goes to rows of channels no sink serves, which are finished FAILED.
+    pub fn budgets(&self, free: u32, horizon: Duration, others: bool) -> Budgets {
+        let mut asks: Vec<(&str, u32)> = self
+            .sinks
+            .values()
+            .filter(|s| s.pause.remaining().is_none())
+            .map(|s| {
+                let slots = s
+                    .slots
+                    .available_permits()
+                    .saturating_sub(s.queued.load(Ordering::Relaxed));
+                let rate = s
+                    .rate
+                    .as_ref()
+                    .map_or(usize::MAX, |r| r.starts_within(horizon));
+                (s.name.as_str(), slots.min(rate).min(free as usize) as u32)
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        asks.sort_by_key(|(name, n)| (*n, *name));
+        // Channels no sink serves get a small share first, or a busy sink would starve them.
+        let for_others = if others {
+            (free / 4).clamp(u32::from(free > 0), OTHERS_PER_CLAIM)
+        } else {
+            0
+        };
+        let mut left = free - for_others;
+        let mut channels = Vec::with_capacity(asks.len());
+        let count = asks.len() as u32;
+        for (i, (name, ask)) in asks.into_iter().enumerate() {
+            let share = (left / (count - i as u32)).max(u32::from(left > 0));
+            let n = ask.min(share);
+            left -= n;
+            if n > 0 {
+                channels.push((name.to_string(), n));
+            }
+        }
+        let others = (for_others > 0).then(|| (self.sinks.keys().cloned().collect(), for_others));
+        Budgets { channels, others }
+    }
+
     /// The largest payload any sink accepts: longer payloads are not loaded by claims.
     pub fn max_payload_bytes(&self) -> usize {
         self.sinks
@@ -221,18 +281,5 @@ impl SinkRegistry {
             .map(|s| s.max_payload_bytes)
             .max()
             .unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES)
-    }
-
-    /// Sinks whose rows should not be claimed now: paused, or rate-limited with a queue so
-    /// long that a row claimed now could not start within `horizon`.
-    pub fn unavailable(&self, horizon: Duration) -> Vec<String> {
-        self.sinks
-            .values()
-            .filter(|s| {
-                s.pause.remaining().is_some()
-                    || s.rate.as_ref().is_some_and(|r| r.backlog() > horizon)
-            })
-            .map(|s| s.name.clone())
-            .collect()
     }
 }

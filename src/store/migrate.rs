@@ -10,14 +10,30 @@ use sqlx::{Any, AnyPool, Executor, Row};
 use super::{Dialect, mysql, postgres, sqlite};
 
 /// The newest schema version this build knows.
-pub const LATEST: i64 = 1;
+pub const LATEST: i64 = 2;
 
 fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
     match (dialect, version) {
         (Dialect::Postgres, 1) => postgres::schema_v1(table),
         (Dialect::MySql { .. }, 1) => mysql::schema_v1(table),
         (Dialect::Sqlite, 1) => sqlite::schema_v1(table),
+        (_, 2) => vec![channel_index(dialect, table)],
         _ => Vec::new(),
+    }
+}
+
+/// Version 2: claims take each channel's budget with its own pick (see store/claim.rs), which
+/// walks this index instead of every due row of every channel.
+fn channel_index(dialect: Dialect, t: &str) -> String {
+    match dialect {
+        Dialect::MySql { mariadb: true, .. } => {
+            format!("ALTER TABLE {t} ADD INDEX IF NOT EXISTS {t}_channel_idx (channel, id)")
+        }
+        Dialect::MySql { .. } => format!("CREATE INDEX {t}_channel_idx ON {t} (channel, id)"),
+        _ => format!(
+            "CREATE INDEX IF NOT EXISTS {t}_channel_due_idx ON {t} (channel, id)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
     }
 }
 

@@ -12,6 +12,7 @@
 //!   per outcome kind and claim batch, never one statement per row on the happy path.
 
 mod admin;
+mod claim;
 mod dialect;
 mod fault;
 mod migrate;
@@ -64,6 +65,27 @@ pub struct ClaimRequest {
     /// comes back [`ClaimedRow::undeliverable`] and is finished FAILED. Bounds the relay's
     /// memory whatever the table holds. `None`: no limit.
     pub max_payload_bytes: Option<u64>,
+    /// Per-channel caps. `None`: up to `limit` rows of any channel but the excluded ones.
+    /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
+    /// ignored), so that the claim asks only for what each sink can start now.
+    pub budgets: Option<Budgets>,
+}
+
+/// How many rows of each channel a claim may take.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Budgets {
+    /// (channel, most rows), for channels with a budget above zero.
+    pub channels: Vec<(String, u32)>,
+    /// Rows of channels that no sink serves (they are finished FAILED): (every channel a
+    /// sink serves, most rows). `None`: do not look for such rows in this claim.
+    pub others: Option<(Vec<String>, u32)>,
+}
+
+impl Budgets {
+    /// The most rows a claim with these budgets can take.
+    pub fn total(&self) -> u32 {
+        self.channels.iter().map(|(_, n)| n).sum::<u32>() + self.others.as_ref().map_or(0, |o| o.1)
+    }
 }
 
 /// A claimed row.

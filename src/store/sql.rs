@@ -11,18 +11,18 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::any::{AnyArguments, AnyPoolOptions, AnyRow};
+use sqlx::any::{AnyArguments, AnyPoolOptions};
 use sqlx::query::Query;
 use sqlx::{Any, AnyPool, Executor, Row};
 
+use super::claim::to_claimed;
 use super::dialect::placeholders;
 use super::{
     ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, Finished, Incomplete, NewRow,
-    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, Undeliverable, migrate,
-    mysql, sanitize_text,
+    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, migrate, mysql,
+    sanitize_text,
 };
 use crate::BoxFuture;
-use crate::sink::Delivery;
 
 /// Longest a statement waits for a row or table lock before failing (and being retried).
 const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -46,7 +46,7 @@ pub struct SqlStore {
     statements: AtomicU64,
 }
 
-type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
+pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 fn query(sql: String) -> AnyQuery<'static> {
     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -162,188 +162,6 @@ impl SqlStore {
     pub(super) fn sql(&self, text: &str) -> AnyQuery<'static> {
         self.statements.fetch_add(1, Ordering::Relaxed);
         query(self.dialect.finalize(text))
-    }
-
-    /// The condition a row `o` must meet to be claimed: due, not under a live claim, the
-    /// head of its ordering key, and not for a channel the relay cannot serve now (its
-    /// placeholders, one per excluded channel, bind with [`bind_excluded`]).
-    fn claimable(&self, req: &ClaimRequest) -> String {
-        let t = &self.table;
-        let now = self.dialect.now();
-        let excluded = if req.exclude_channels.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "AND o.channel NOT IN ({})",
-                placeholders(req.exclude_channels.len())
-            )
-        };
-        format!(
-            "o.status IN ('PENDING', 'RETRY') AND o.next_attempt_at <= {now}
-             AND (o.claimed_until IS NULL OR o.claimed_until < {now})
-             AND (o.ordering_key IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key AND p.id < o.id
-                 AND p.status IN ('PENDING', 'RETRY'))) {excluded}"
-        )
-    }
-
-    /// The columns a claim returns, in the order [`to_claimed`] reads them ([`COLUMNS`]).
-    /// The payload is returned only when it is within the request's size limit (NULL
-    /// otherwise), with its length beside it, so an oversized payload is never loaded.
-    fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
-        let d = self.dialect;
-        let c = |name: &str| format!("{alias}{name}");
-        let len = d.byte_length(&c("payload"));
-        let text = d.claim_text(&d.payload_text(&c("payload")));
-        let payload = match req.max_payload_bytes {
-            // An integer from the configuration, not user text: safe to write into the SQL.
-            Some(max) => format!("CASE WHEN {len} <= {max} THEN {text} END"),
-            None => text,
-        };
-        let attempts = match d {
-            // Whatever an application stored there, only an integer is read as one.
-            Dialect::Sqlite => format!(
-                "CASE WHEN typeof({a}) = 'integer' THEN {a} END",
-                a = c("attempts")
-            ),
-            _ => c("attempts"),
-        };
-        let classes: Vec<String> = COLUMNS[1..4]
-            .iter()
-            .chain([&"ordering_key", &"attempts"])
-            .map(|n| c(n))
-            .collect();
-        format!(
-            "{alias}id, {}, {}, {payload}, {attempts}, {}, {}, {len}, {}",
-            d.claim_text(&c("channel")),
-            d.claim_text(&c("recipient")),
-            d.age_ms(&c("created_at")),
-            d.claim_text(&c("ordering_key")),
-            d.storage_classes(&classes),
-        )
-    }
-
-    async fn claim_update_returning(&self, req: &ClaimRequest) -> anyhow::Result<Vec<AnyRow>> {
-        let t = &self.table;
-        let d = self.dialect;
-        let (now, plus) = (d.now(), d.now_plus_ms());
-        let ttl_ms = req.ttl.as_millis() as i64;
-        let rows = if d == Dialect::Postgres {
-            let (fence_cte, fence_cond) = if req.fence.is_some() {
-                (
-                    "fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ? FOR SHARE),",
-                    "AND EXISTS (SELECT 1 FROM fence)",
-                )
-            } else {
-                ("", "")
-            };
-            let sql = format!(
-                "WITH {fence_cte} picked AS (
-                    SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
-                    ORDER BY o.id LIMIT ? FOR UPDATE OF o SKIP LOCKED)
-                 UPDATE {t} u SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
-                    updated_at = {now}
-                 FROM picked WHERE u.id = picked.id
-                 RETURNING {cols}",
-                claimable = self.claimable(req),
-                cols = self.returning_columns("u.", req)
-            );
-            let mut q = self.sql(&sql);
-            if let Some(f) = &req.fence {
-                q = q.bind(f.lease.clone()).bind(f.epoch);
-            }
-            q = bind_excluded(q, req);
-            q.bind(req.limit as i64)
-                .bind(req.claimer.clone())
-                .bind(req.token.to_string())
-                .bind(ttl_ms)
-                .fetch_all(&self.pool)
-                .await?
-        } else {
-            let fence_cond = if req.fence.is_some() {
-                "AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ?)"
-            } else {
-                ""
-            };
-            let sql = format!(
-                "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
-                    updated_at = {now}
-                 WHERE id IN (SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
-                    ORDER BY o.id LIMIT ?)
-                 RETURNING {cols}",
-                claimable = self.claimable(req),
-                cols = self.returning_columns("", req)
-            );
-            let mut q = self
-                .sql(&sql)
-                .bind(req.claimer.clone())
-                .bind(req.token.to_string())
-                .bind(ttl_ms);
-            q = bind_excluded(q, req);
-            if let Some(f) = &req.fence {
-                q = q.bind(f.lease.clone()).bind(f.epoch);
-            }
-            q.bind(req.limit as i64).fetch_all(&self.pool).await?
-        };
-        Ok(rows)
-    }
-
-    async fn claim_select_for_update(
-        &self,
-        req: &ClaimRequest,
-        skip_locked: bool,
-    ) -> anyhow::Result<Vec<AnyRow>> {
-        let t = &self.table;
-        let d = self.dialect;
-        let mut tx = self.pool.begin().await?;
-        if let Some(f) = &req.fence {
-            let held = self
-                .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ? AND epoch = ? LOCK IN SHARE MODE")
-                .bind(f.lease.clone())
-                .bind(f.epoch)
-                .fetch_optional(&mut *tx)
-                .await?;
-            if held.is_none() {
-                tx.rollback().await?;
-                return Ok(Vec::new());
-            }
-        }
-        let lock = if skip_locked {
-            "FOR UPDATE SKIP LOCKED"
-        } else {
-            "FOR UPDATE"
-        };
-        let sql = format!(
-            "SELECT {cols} FROM {t} o WHERE {claimable} ORDER BY o.id LIMIT ? {lock}",
-            cols = self.returning_columns("o.", req),
-            claimable = self.claimable(req)
-        );
-        let rows = bind_excluded(self.sql(&sql), req)
-            .bind(req.limit as i64)
-            .fetch_all(&mut *tx)
-            .await?;
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(rows);
-        }
-        let update = format!(
-            "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
-                updated_at = {now} WHERE id IN ({ids})",
-            plus = d.now_plus_ms(),
-            now = d.now(),
-            ids = placeholders(rows.len())
-        );
-        let mut q = self
-            .sql(&update)
-            .bind(req.claimer.clone())
-            .bind(req.token.to_string())
-            .bind(req.ttl.as_millis() as i64);
-        for r in &rows {
-            q = q.bind(r.try_get::<i64, _>(0)?);
-        }
-        q.execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(rows)
     }
 
     /// One result statement for rows of the same kind and claim token.
@@ -484,14 +302,6 @@ impl SqlStore {
     }
 }
 
-/// Binds the channels [`SqlStore::claimable`] excludes, in order.
-fn bind_excluded<'q>(mut q: AnyQuery<'q>, req: &ClaimRequest) -> AnyQuery<'q> {
-    for c in &req.exclude_channels {
-        q = q.bind(c.clone());
-    }
-    q
-}
-
 /// Result statements are grouped by this.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Kind {
@@ -508,131 +318,6 @@ fn kind_of(r: &Resolution) -> Kind {
         Resolution::Failed { .. } => Kind::Failed,
         Resolution::Release { .. } => Kind::Release,
     }
-}
-
-/// What the claim returns, by position (see [`SqlStore::returning_columns`]); the last two
-/// are the payload's length and, on SQLite, the storage classes of channel, recipient,
-/// payload, ordering_key and attempts.
-const COLUMNS: [&str; 7] = [
-    "id",
-    "channel",
-    "recipient",
-    "payload",
-    "attempts",
-    "age",
-    "ordering_key",
-];
-
-/// Decodes one claimed row, column by column: a column that cannot be read makes the row
-/// [`ClaimedRow::undeliverable`] (naming the column) instead of failing the whole claim.
-/// Only an unreadable id fails: without it the row cannot be addressed at all.
-fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
-    let id: i64 = row
-        .try_get(0)
-        .map_err(|e| anyhow::anyhow!("a claimed row's id could not be read: {e}"))?;
-    let mut defects: Vec<String> = Vec::new();
-    // SQLite: a value stored with another storage class than the column's (BLOB, integer,
-    // real where text is expected) is refused by name, not coerced into something else.
-    if let Ok(Some(classes)) = row.try_get::<Option<String>, _>(8) {
-        let expected = [
-            ("channel", "text"),
-            ("recipient", "text"),
-            ("payload", "text"),
-            ("ordering_key", "text"),
-            ("attempts", "integer"),
-        ];
-        for ((name, want), got) in expected.iter().zip(classes.split(',')) {
-            if got != *want && got != "null" {
-                defects.push(format!(
-                    "column {name} holds a value of type {got}; {want} expected"
-                ));
-            }
-        }
-    }
-    let mut text = |i: usize| -> Option<String> {
-        match text_value(row, i) {
-            Ok(v) => v,
-            Err(e) => {
-                defects.push(format!("column {} could not be read: {e}", COLUMNS[i]));
-                None
-            }
-        }
-    };
-    let channel = text(1);
-    let recipient = text(2);
-    let payload = text(3);
-    let ordering_key = text(6);
-    if channel.is_none() && defects.is_empty() {
-        defects.push("column channel is NULL".into());
-    }
-    let attempts = match row.try_get::<Option<i64>, _>(4) {
-        Ok(a) => a.unwrap_or(0),
-        Err(e) => {
-            defects.push(format!(
-                "column attempts could not be read: {}",
-                decode_error(&e)
-            ));
-            0
-        }
-    };
-    let age_ms = row.try_get::<Option<i64>, _>(5).ok().flatten().unwrap_or(0);
-    let payload_len = row.try_get::<Option<i64>, _>(7).ok().flatten();
-    let mut too_large = None;
-    let payload = match payload {
-        Some(p) => p,
-        None => {
-            match (payload_len, req.max_payload_bytes) {
-                (Some(len), Some(max)) if len > max as i64 => too_large = Some(len as u64),
-                (None, _) => defects.push("column payload is NULL".into()),
-                _ => {}
-            }
-            String::new()
-        }
-    };
-    let undeliverable = if !defects.is_empty() {
-        Some(Undeliverable::Unreadable(defects.join("; ")))
-    } else {
-        too_large.map(|bytes| Undeliverable::TooLarge { bytes })
-    };
-    Ok(ClaimedRow {
-        delivery: Delivery {
-            id,
-            channel: channel.unwrap_or_default(),
-            recipient,
-            payload,
-            attempts: attempts.clamp(0, u32::MAX as i64) as u32,
-        },
-        ordering_key,
-        age_at_claim: Duration::from_millis(age_ms.max(0) as u64),
-        undeliverable,
-    })
-}
-
-/// A text column of a claim (text on PostgreSQL, bytes elsewhere), as a checked `String`.
-fn text_value(row: &AnyRow, i: usize) -> Result<Option<String>, String> {
-    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
-        return Ok(v);
-    }
-    match row.try_get::<Option<Vec<u8>>, _>(i) {
-        Ok(None) => Ok(None),
-        Ok(Some(bytes)) => String::from_utf8(bytes).map(Some).map_err(|e| {
-            format!(
-                "not valid UTF-8 (invalid byte at offset {})",
-                e.utf8_error().valid_up_to()
-            )
-        }),
-        Err(e) => Err(decode_error(&e)),
-    }
-}
-
-/// A decode error without the driver's internals: "mismatched types; ..." or "invalid
-/// UTF-8 ...", as one line.
-fn decode_error(e: &sqlx::Error) -> String {
-    match e {
-        sqlx::Error::ColumnDecode { source, .. } => source.to_string(),
-        other => other.to_string(),
-    }
-    .replace('\n', " ")
 }
 
 impl OutboxStore for SqlStore {
@@ -664,12 +349,19 @@ impl OutboxStore for SqlStore {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>> {
         Box::pin(async move {
-            let rows = match self.dialect {
-                Dialect::MySql { skip_locked, .. } => {
+            let rows = match (self.dialect, &req.budgets) {
+                (Dialect::MySql { skip_locked, .. }, Some(b)) => {
+                    self.claim_budgeted_select(req, b, skip_locked).await?
+                }
+                (Dialect::MySql { skip_locked, .. }, None) => {
                     self.claim_select_for_update(req, skip_locked).await?
                 }
-                _ => self.claim_update_returning(req).await?,
+                (_, Some(b)) => self.claim_budgeted_returning(req, b).await?,
+                (_, None) => self.claim_update_returning(req).await?,
             };
+            if req.budgets.as_ref().is_some_and(|b| b.total() == 0) {
+                return Ok(Vec::new());
+            }
             let mut claimed = Vec::with_capacity(rows.len());
             for row in &rows {
                 match to_claimed(row, req) {

@@ -1,0 +1,634 @@
+//! Claiming rows: the claim statements of the three databases and the per-row decoding of
+//! what they return.
+//!
+//! Guarantees: a claim takes only due rows that are not under a live claim and are the head
+//! of their ordering key, in id order, and (with a fence) only while the lease epoch is still
+//! the claimer's; with [`Budgets`] it takes at most each channel's budget, so one channel's
+//! backlog never fills the relay while another's rows wait; a row whose columns cannot be
+//! decoded or whose payload is over the limit comes back [`ClaimedRow::undeliverable`] instead
+//! of failing the claim of its neighbours; a payload over the limit is never loaded.
+
+use std::time::Duration;
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::dialect::placeholders;
+use super::sql::{AnyQuery, SqlStore};
+use super::{Budgets, ClaimRequest, ClaimedRow, Dialect, Undeliverable};
+use crate::sink::Delivery;
+
+impl SqlStore {
+    /// The condition a row `o` must meet to be claimed: due, not under a live claim, the
+    /// head of its ordering key, and not for a channel the relay cannot serve now (its
+    /// placeholders, one per excluded channel, bind with [`bind_excluded`]).
+    fn claimable(&self, req: &ClaimRequest) -> String {
+        let excluded = if req.exclude_channels.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "AND o.channel NOT IN ({})",
+                placeholders(req.exclude_channels.len())
+            )
+        };
+        format!("{} {excluded}", self.claimable_without_exclusions())
+    }
+
+    /// [`SqlStore::claimable`] without the excluded channels (no placeholders).
+    fn claimable_without_exclusions(&self) -> String {
+        let t = &self.table;
+        let now = self.dialect.now();
+        format!(
+            "o.status IN ('PENDING', 'RETRY') AND o.next_attempt_at <= {now}
+             AND (o.claimed_until IS NULL OR o.claimed_until < {now})
+             AND (o.ordering_key IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+                 AND p.status IN ('PENDING', 'RETRY')))"
+        )
+    }
+
+    /// MySQL/MariaDB, inside the claim's transaction: whether the lease epoch is still the
+    /// claimer's, holding a shared lock on the lease row until the claim commits (a new
+    /// holder's epoch bump waits for it, and later claims of the old holder see the bump).
+    async fn fence_holds(
+        &self,
+        req: &ClaimRequest,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    ) -> anyhow::Result<bool> {
+        let Some(f) = &req.fence else {
+            return Ok(true);
+        };
+        let held = self
+            .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ? AND epoch = ? LOCK IN SHARE MODE")
+            .bind(f.lease.clone())
+            .bind(f.epoch)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(held.is_some())
+    }
+
+    /// The columns a claim returns, in the order [`to_claimed`] reads them ([`COLUMNS`]).
+    /// The payload is returned only when it is within the request's size limit (NULL
+    /// otherwise), with its length beside it, so an oversized payload is never loaded.
+    fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
+        let d = self.dialect;
+        let c = |name: &str| format!("{alias}{name}");
+        let len = d.byte_length(&c("payload"));
+        let text = d.claim_text(&d.payload_text(&c("payload")));
+        let payload = match req.max_payload_bytes {
+            // An integer from the configuration, not user text: safe to write into the SQL.
+            Some(max) => format!("CASE WHEN {len} <= {max} THEN {text} END"),
+            None => text,
+        };
+        let attempts = match d {
+            // Whatever an application stored there, only an integer is read as one.
+            Dialect::Sqlite => format!(
+                "CASE WHEN typeof({a}) = 'integer' THEN {a} END",
+                a = c("attempts")
+            ),
+            _ => c("attempts"),
+        };
+        let classes: Vec<String> = COLUMNS[1..4]
+            .iter()
+            .chain([&"ordering_key", &"attempts"])
+            .map(|n| c(n))
+            .collect();
+        format!(
+            "{alias}id, {}, {}, {payload}, {attempts}, {}, {}, {len}, {}",
+            d.claim_text(&c("channel")),
+            d.claim_text(&c("recipient")),
+            d.age_ms(&c("created_at")),
+            d.claim_text(&c("ordering_key")),
+            d.storage_classes(&classes),
+        )
+    }
+
+    pub(super) async fn claim_update_returning(
+        &self,
+        req: &ClaimRequest,
+    ) -> anyhow::Result<Vec<AnyRow>> {
+        let t = &self.table;
+        let d = self.dialect;
+        let (now, plus) = (d.now(), d.now_plus_ms());
+        let ttl_ms = req.ttl.as_millis() as i64;
+        let rows = if d == Dialect::Postgres {
+            let (fence_cte, fence_cond) = if req.fence.is_some() {
+                (
+                    "fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ? FOR SHARE),",
+                    "AND EXISTS (SELECT 1 FROM fence)",
+                )
+            } else {
+                ("", "")
+            };
+            let sql = format!(
+                "WITH {fence_cte} picked AS (
+                    SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
+                    ORDER BY o.id LIMIT ? FOR UPDATE OF o SKIP LOCKED)
+                 UPDATE {t} u SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
+                    updated_at = {now}
+                 FROM picked WHERE u.id = picked.id
+                 RETURNING {cols}",
+                claimable = self.claimable(req),
+                cols = self.returning_columns("u.", req)
+            );
+            let mut q = self.sql(&sql);
+            if let Some(f) = &req.fence {
+                q = q.bind(f.lease.clone()).bind(f.epoch);
+            }
+            q = bind_excluded(q, req);
+            q.bind(req.limit as i64)
+                .bind(req.claimer.clone())
+                .bind(req.token.to_string())
+                .bind(ttl_ms)
+                .fetch_all(&self.pool)
+                .await?
+        } else {
+            let fence_cond = if req.fence.is_some() {
+                "AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ?)"
+            } else {
+                ""
+            };
+            let sql = format!(
+                "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
+                    updated_at = {now}
+                 WHERE id IN (SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
+                    ORDER BY o.id LIMIT ?)
+                 RETURNING {cols}",
+                claimable = self.claimable(req),
+                cols = self.returning_columns("", req)
+            );
+            let mut q = self
+                .sql(&sql)
+                .bind(req.claimer.clone())
+                .bind(req.token.to_string())
+                .bind(ttl_ms);
+            q = bind_excluded(q, req);
+            if let Some(f) = &req.fence {
+                q = q.bind(f.lease.clone()).bind(f.epoch);
+            }
+            q.bind(req.limit as i64).fetch_all(&self.pool).await?
+        };
+        Ok(rows)
+    }
+
+    pub(super) async fn claim_select_for_update(
+        &self,
+        req: &ClaimRequest,
+        skip_locked: bool,
+    ) -> anyhow::Result<Vec<AnyRow>> {
+        let t = &self.table;
+        let d = self.dialect;
+        let mut tx = self.pool.begin().await?;
+        if !self.fence_holds(req, &mut tx).await? {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let lock = if skip_locked {
+            "FOR UPDATE SKIP LOCKED"
+        } else {
+            "FOR UPDATE"
+        };
+        let sql = format!(
+            "SELECT {cols} FROM {t} o WHERE {claimable} ORDER BY o.id LIMIT ? {lock}",
+            cols = self.returning_columns("o.", req),
+            claimable = self.claimable(req)
+        );
+        let rows = bind_excluded(self.sql(&sql), req)
+            .bind(req.limit as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(rows);
+        }
+        let update = format!(
+            "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
+                updated_at = {now} WHERE id IN ({ids})",
+            plus = d.now_plus_ms(),
+            now = d.now(),
+            ids = placeholders(rows.len())
+        );
+        let mut q = self
+            .sql(&update)
+            .bind(req.claimer.clone())
+            .bind(req.token.to_string())
+            .bind(req.ttl.as_millis() as i64);
+        for r in &rows {
+            q = q.bind(r.try_get::<i64, _>(0)?);
+        }
+        q.execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+}
+
+/// Binds the channels [`SqlStore::claimable`] excludes, in order.
+fn bind_excluded<'q>(mut q: AnyQuery<'q>, req: &ClaimRequest) -> AnyQuery<'q> {
+    for c in &req.exclude_channels {
+        q = q.bind(c.clone());
+    }
+    q
+}
+
+/// What the claim returns, by position (see [`SqlStore::returning_columns`]); the last two
+/// are the payload's length and, on SQLite, the storage classes of channel, recipient,
+/// payload, ordering_key and attempts.
+const COLUMNS: [&str; 7] = [
+    "id",
+    "channel",
+    "recipient",
+    "payload",
+    "attempts",
+    "age",
+    "ordering_key",
+];
+
+/// Decodes one claimed row, column by column: a column that cannot be read makes the row
+/// [`ClaimedRow::undeliverable`] (naming the column) instead of failing the whole claim.
+/// Only an unreadable id fails: without it the row cannot be addressed at all.
+pub(super) fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
+    let id: i64 = row
+        .try_get(0)
+        .map_err(|e| anyhow::anyhow!("a claimed row's id could not be read: {e}"))?;
+    let mut defects: Vec<String> = Vec::new();
+    // SQLite: a value stored with another storage class than the column's (BLOB, integer,
+    // real where text is expected) is refused by name, not coerced into something else.
+    if let Ok(Some(classes)) = row.try_get::<Option<String>, _>(8) {
+        let expected = [
+            ("channel", "text"),
+            ("recipient", "text"),
+            ("payload", "text"),
+            ("ordering_key", "text"),
+            ("attempts", "integer"),
+        ];
+        for ((name, want), got) in expected.iter().zip(classes.split(',')) {
+            if got != *want && got != "null" {
+                defects.push(format!(
+                    "column {name} holds a value of type {got}; {want} expected"
+                ));
+            }
+        }
+    }
+    let mut text = |i: usize| -> Option<String> {
+        match text_value(row, i) {
+            Ok(v) => v,
+            Err(e) => {
+                defects.push(format!("column {} could not be read: {e}", COLUMNS[i]));
+                None
+            }
+        }
+    };
+    let channel = text(1);
+    let recipient = text(2);
+    let payload = text(3);
+    let ordering_key = text(6);
+    if channel.is_none() && defects.is_empty() {
+        defects.push("column channel is NULL".into());
+    }
+    let attempts = match row.try_get::<Option<i64>, _>(4) {
+        Ok(a) => a.unwrap_or(0),
+        Err(e) => {
+            defects.push(format!(
+                "column attempts could not be read: {}",
+                decode_error(&e)
+            ));
+            0
+        }
+    };
+    let age_ms = row.try_get::<Option<i64>, _>(5).ok().flatten().unwrap_or(0);
+    let payload_len = row.try_get::<Option<i64>, _>(7).ok().flatten();
+    let mut too_large = None;
+    let payload = match payload {
+        Some(p) => p,
+        None => {
+            match (payload_len, req.max_payload_bytes) {
+                (Some(len), Some(max)) if len > max as i64 => too_large = Some(len as u64),
+                (None, _) => defects.push("column payload is NULL".into()),
+                _ => {}
+            }
+            String::new()
+        }
+    };
+    let undeliverable = if !defects.is_empty() {
+        Some(Undeliverable::Unreadable(defects.join("; ")))
+    } else {
+        too_large.map(|bytes| Undeliverable::TooLarge { bytes })
+    };
+    Ok(ClaimedRow {
+        delivery: Delivery {
+            id,
+            channel: channel.unwrap_or_default(),
+            recipient,
+            payload,
+            attempts: attempts.clamp(0, u32::MAX as i64) as u32,
+        },
+        ordering_key,
+        age_at_claim: Duration::from_millis(age_ms.max(0) as u64),
+        undeliverable,
+    })
+}
+
+/// A text column of a claim (text on PostgreSQL, bytes elsewhere), as a checked `String`.
+fn text_value(row: &AnyRow, i: usize) -> Result<Option<String>, String> {
+    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+        return Ok(v);
+    }
+    match row.try_get::<Option<Vec<u8>>, _>(i) {
+        Ok(None) => Ok(None),
+        Ok(Some(bytes)) => String::from_utf8(bytes).map(Some).map_err(|e| {
+            format!(
+                "not valid UTF-8 (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            )
+        }),
+        Err(e) => Err(decode_error(&e)),
+    }
+}
+
+/// A decode error without the driver's internals: "mismatched types; ..." or "invalid
+/// UTF-8 ...", as one line.
+fn decode_error(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::ColumnDecode { source, .. } => source.to_string(),
+        other => other.to_string(),
+    }
+    .replace('\n', " ")
+}
+
+/// A statement being built: SQL text and its bound values, appended together, so the order of
+/// the values can never drift from the order of their placeholders.
+#[derive(Default)]
+pub(super) struct Sql {
+    text: String,
+    args: Vec<Arg>,
+}
+
+enum Arg {
+    Int(i64),
+    Text(String),
+}
+
+impl Sql {
+    pub(super) fn push(&mut self, text: &str) -> &mut Sql {
+        self.text.push_str(text);
+        self
+    }
+
+    pub(super) fn int(&mut self, v: i64) -> &mut Sql {
+        self.text.push('?');
+        self.args.push(Arg::Int(v));
+        self
+    }
+
+    pub(super) fn text(&mut self, v: &str) -> &mut Sql {
+        self.text.push('?');
+        self.args.push(Arg::Text(v.to_string()));
+        self
+    }
+
+    /// `?, ?, ?` bound to `values`.
+    pub(super) fn texts(&mut self, values: &[String]) -> &mut Sql {
+        for (i, v) in values.iter().enumerate() {
+            if i > 0 {
+                self.text.push_str(", ");
+            }
+            self.text(v);
+        }
+        self
+    }
+
+    pub(super) fn query(self, store: &SqlStore) -> AnyQuery<'static> {
+        let mut q = store.sql(&self.text);
+        for a in self.args {
+            q = match a {
+                Arg::Int(v) => q.bind(v),
+                Arg::Text(v) => q.bind(v),
+            };
+        }
+        q
+    }
+}
+
+impl SqlStore {
+    /// One pick per budget: the ids of up to `n` claimable rows of one channel (or of the
+    /// channels no sink serves), in id order. `lock` is appended to each pick (PostgreSQL:
+    /// `FOR UPDATE OF o SKIP LOCKED`), `fence` is a condition added to each.
+    fn picks(
+        &self,
+        req: &ClaimRequest,
+        budgets: &Budgets,
+        cols: &str,
+        lock: &str,
+        fence: &Fence,
+    ) -> Vec<Sql> {
+        let t = &self.table;
+        let claimable = self.claimable_without_exclusions();
+        let mut picks = Vec::new();
+        let mut pick = |channel: &dyn Fn(&mut Sql), n: u32| {
+            let mut q = Sql::default();
+            q.push(&format!("SELECT {cols} FROM {t} o WHERE {claimable} AND "));
+            channel(&mut q);
+            fence.add(&mut q, req);
+            q.push(" ORDER BY o.id LIMIT ")
+                .int(n as i64)
+                .push(" ")
+                .push(lock);
+            picks.push(q);
+        };
+        for (channel, n) in &budgets.channels {
+            pick(
+                &|q: &mut Sql| {
+                    q.push("o.channel = ").text(channel);
+                },
+                *n,
+            );
+        }
+        if let Some((known, n)) = &budgets.others {
+            if known.is_empty() {
+                pick(
+                    &|q: &mut Sql| {
+                        q.push("1 = 1");
+                    },
+                    *n,
+                );
+            } else {
+                pick(
+                    &|q: &mut Sql| {
+                        q.push("o.channel NOT IN (").texts(known).push(")");
+                    },
+                    *n,
+                );
+            }
+        }
+        picks
+    }
+
+    /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING`.
+    pub(super) async fn claim_budgeted_returning(
+        &self,
+        req: &ClaimRequest,
+        budgets: &Budgets,
+    ) -> anyhow::Result<Vec<AnyRow>> {
+        let t = &self.table;
+        let d = self.dialect;
+        let pg = d == Dialect::Postgres;
+        let mut q = Sql::default();
+        q.push("WITH ");
+        let fence = if pg {
+            if let Some(f) = &req.fence {
+                // One shared lock on the lease row for the whole statement (see claim()).
+                q.push("fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
+                    .text(&f.lease)
+                    .push(" AND epoch = ")
+                    .int(f.epoch)
+                    .push(" FOR SHARE), ");
+                Fence::Cte
+            } else {
+                Fence::None
+            }
+        } else if req.fence.is_some() {
+            Fence::Inline
+        } else {
+            Fence::None
+        };
+        let lock = if pg {
+            "FOR UPDATE OF o SKIP LOCKED"
+        } else {
+            ""
+        };
+        let picks = self.picks(req, budgets, "o.id", lock, &fence);
+        let names: Vec<String> = (0..picks.len()).map(|i| format!("p{i}")).collect();
+        for (i, p) in picks.into_iter().enumerate() {
+            if i > 0 {
+                q.push(", ");
+            }
+            q.push(&format!("p{i} AS ("));
+            q.text.push_str(&p.text);
+            q.args.extend(p.args);
+            q.push(")");
+        }
+        let union = names
+            .iter()
+            .map(|n| format!("SELECT id FROM {n}"))
+            .collect::<Vec<_>>()
+            .join(" UNION ALL ");
+        q.push(&format!(" UPDATE {t} "));
+        if pg {
+            q.push("u ");
+        }
+        q.push("SET claimed_by = ")
+            .text(&req.claimer)
+            .push(", claim_token = ")
+            .text(&req.token)
+            .push(", claimed_until = ");
+        push_now_plus(&mut q, d, req.ttl);
+        q.push(&format!(", updated_at = {} ", d.now()));
+        if pg {
+            q.push(&format!(
+                "FROM ({union}) picked WHERE u.id = picked.id RETURNING {}",
+                self.returning_columns("u.", req)
+            ));
+        } else {
+            q.push(&format!(
+                "WHERE id IN ({union}) RETURNING {}",
+                self.returning_columns("", req)
+            ));
+        }
+        Ok(q.query(self).fetch_all(&self.pool).await?)
+    }
+
+    /// MySQL/MariaDB: the picks as one `UNION ALL` of locking reads, then one `UPDATE`, in
+    /// one transaction (no UPDATE ... RETURNING).
+    pub(super) async fn claim_budgeted_select(
+        &self,
+        req: &ClaimRequest,
+        budgets: &Budgets,
+        skip_locked: bool,
+    ) -> anyhow::Result<Vec<AnyRow>> {
+        let t = &self.table;
+        let d = self.dialect;
+        let mut tx = self.pool.begin().await?;
+        if !self.fence_holds(req, &mut tx).await? {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let lock = if skip_locked {
+            "FOR UPDATE SKIP LOCKED"
+        } else {
+            "FOR UPDATE"
+        };
+        let cols = self.returning_columns("o.", req);
+        let mut q = Sql::default();
+        for (i, p) in self
+            .picks(req, budgets, &cols, lock, &Fence::None)
+            .into_iter()
+            .enumerate()
+        {
+            if i > 0 {
+                q.push(" UNION ALL ");
+            }
+            q.push("(");
+            q.text.push_str(&p.text);
+            q.args.extend(p.args);
+            q.push(")");
+        }
+        let rows = q.query(self).fetch_all(&mut *tx).await?;
+        if rows.is_empty() {
+            tx.commit().await?;
+            return Ok(rows);
+        }
+        let mut u = Sql::default();
+        u.push(&format!("UPDATE {t} SET claimed_by = "))
+            .text(&req.claimer)
+            .push(", claim_token = ")
+            .text(&req.token)
+            .push(", claimed_until = ");
+        push_now_plus(&mut u, d, req.ttl);
+        u.push(&format!(", updated_at = {} WHERE id IN (", d.now()));
+        for (i, r) in rows.iter().enumerate() {
+            if i > 0 {
+                u.push(", ");
+            }
+            u.int(r.try_get::<i64, _>(0)?);
+        }
+        u.push(")");
+        u.query(self).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+}
+
+/// `now + ttl` on the database clock, its milliseconds bound.
+fn push_now_plus(q: &mut Sql, d: Dialect, ttl: Duration) {
+    let expr = d.now_plus_ms();
+    let (before, after) = expr.split_once('?').unwrap_or((expr, ""));
+    q.push(before).int(ttl.as_millis() as i64).push(after);
+}
+
+/// How a pick is fenced on the lease epoch.
+enum Fence {
+    None,
+    /// PostgreSQL: the statement's `fence` CTE holds a shared lock on the lease row.
+    Cte,
+    /// SQLite: each pick checks the epoch itself (the statement runs under the database's
+    /// single write lock, so the checks cannot disagree).
+    Inline,
+}
+
+impl Fence {
+    fn add(&self, q: &mut Sql, req: &ClaimRequest) {
+        match (self, &req.fence) {
+            (Fence::Cte, _) => {
+                q.push(" AND EXISTS (SELECT 1 FROM fence)");
+            }
+            (Fence::Inline, Some(f)) => {
+                q.push(" AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
+                    .text(&f.lease)
+                    .push(" AND epoch = ")
+                    .int(f.epoch)
+                    .push(")");
+            }
+            _ => {}
+        }
+    }
+}
