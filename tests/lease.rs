@@ -278,7 +278,9 @@ async fn watchdog_keeps_the_lease_past_its_ttl(db: Db) {
     while held_since.elapsed() < Duration::from_secs(2) {
         let state = *rx.borrow();
         match state {
-            LeaseState::Held { epoch: e, deadline } => {
+            LeaseState::Held {
+                epoch: e, deadline, ..
+            } => {
                 assert_eq!(e, epoch, "the epoch changed while held");
                 assert!(
                     Instant::now() < deadline,

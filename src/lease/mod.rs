@@ -62,6 +62,11 @@ pub trait Lease: Send + Sync {
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()>;
     /// A cheap round trip to the backend, for `/readyz`.
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
+    /// Resolves when the backend's connection was re-established (the hold may have lapsed
+    /// meanwhile, unseen). Never, for backends without a connection of their own.
+    fn reconnected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// What the relay loop sees.
@@ -69,15 +74,26 @@ pub trait Lease: Send + Sync {
 pub enum LeaseState {
     /// Not holding: claim nothing.
     Standby,
-    /// Holding at `epoch` until `deadline` (monotonic), unless renewed.
-    Held { epoch: i64, deadline: Instant },
+    /// Holding at `epoch` until `deadline` (monotonic), unless renewed. `confirmed` is false
+    /// from a failed renewal or a reconnection of the backend until the next successful
+    /// renewal: rows already claimed may still be sent before `deadline`, but nothing new is
+    /// claimed until the backend has confirmed the hold.
+    Held {
+        epoch: i64,
+        deadline: Instant,
+        confirmed: bool,
+    },
 }
 
 impl LeaseState {
     /// The fence to claim under, if the lease is held and its deadline has not passed.
     pub fn fence(&self, lease: &str) -> Option<Fence> {
         match *self {
-            LeaseState::Held { epoch, deadline } if Instant::now() < deadline => Some(Fence {
+            LeaseState::Held {
+                epoch,
+                deadline,
+                confirmed: true,
+            } if Instant::now() < deadline => Some(Fence {
                 lease: lease.to_string(),
                 epoch,
             }),
@@ -221,7 +237,14 @@ async fn run(
         metrics::counter!("outbox_relay_lease_acquisitions_total").increment(1);
         metrics::gauge!("outbox_relay_lease_epoch").set(epoch as f64);
         tracing::info!(lease = lease.name(), holder = %lease.holder(), epoch, "lease acquired");
-        publish(&tx, LeaseState::Held { epoch, deadline });
+        publish(
+            &tx,
+            LeaseState::Held {
+                epoch,
+                deadline,
+                confirmed: true,
+            },
+        );
 
         // The watchdog: renew every ttl/3 (sooner after a failed renewal).
         let mut next = grant.sent_at + ttl / 3;
@@ -229,6 +252,12 @@ async fn run(
             tokio::select! {
                 _ = stop.cancelled() => break None,
                 _ = tokio::time::sleep_until(next.min(deadline)) => {}
+                _ = lease.reconnected() => {
+                    // The backend's connection was re-established: whether the hold survived
+                    // is unknown until a renewal confirms it; claim nothing new until then.
+                    tracing::info!(lease = lease.name(), "lease backend reconnected; confirming the hold before claiming again");
+                    publish(&tx, LeaseState::Held { epoch, deadline, confirmed: false });
+                }
             }
             if Instant::now() >= deadline {
                 break Some("deadline passed without a confirmed renewal");
@@ -240,7 +269,14 @@ async fn run(
                         .increment(1);
                     deadline = sent + ttl - drift(ttl);
                     next = sent + ttl / 3;
-                    publish(&tx, LeaseState::Held { epoch, deadline });
+                    publish(
+                        &tx,
+                        LeaseState::Held {
+                            epoch,
+                            deadline,
+                            confirmed: true,
+                        },
+                    );
                 }
                 Ok(Ok(false)) => {
                     metrics::counter!("outbox_relay_lease_renewals_total", "result" => "rejected")
@@ -252,12 +288,28 @@ async fn run(
                         .increment(1);
                     tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed; retrying");
                     next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
+                    publish(
+                        &tx,
+                        LeaseState::Held {
+                            epoch,
+                            deadline,
+                            confirmed: false,
+                        },
+                    );
                 }
                 Err(_) => {
                     metrics::counter!("outbox_relay_lease_renewals_total", "result" => "timeout")
                         .increment(1);
                     tracing::warn!(lease = lease.name(), "lease renewal timed out; retrying");
                     next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
+                    publish(
+                        &tx,
+                        LeaseState::Held {
+                            epoch,
+                            deadline,
+                            confirmed: false,
+                        },
+                    );
                 }
             }
         };

@@ -21,7 +21,9 @@ use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::Message;
 use fred::types::scripts::Script;
-use tokio::sync::broadcast;
+use std::sync::Arc;
+
+use tokio::sync::{Notify, broadcast};
 use tokio::time::Instant;
 
 use super::{Grant, Held, Lease};
@@ -61,6 +63,9 @@ pub(super) struct RedisNode {
     /// Fail a command at once while the connection is down, instead of queueing it until the
     /// command timeout (for Redlock: a dead node must not slow down every operation).
     fail_fast: bool,
+    /// Notified on every re-established command connection (a permit is kept if nobody
+    /// waits, so a reconnection is never missed).
+    reconnected: Arc<Notify>,
 }
 
 impl RedisNode {
@@ -93,6 +98,16 @@ impl RedisNode {
             tracing::warn!(server = ?server, error = %e, "redis connection error");
             Ok(())
         });
+        let reconnected = Arc::new(Notify::new());
+        let notify = reconnected.clone();
+        client.on_reconnect(move |server| {
+            let notify = notify.clone();
+            async move {
+                tracing::info!(server = %server, "redis connection re-established");
+                notify.notify_one();
+                Ok(())
+            }
+        });
         client.connect();
         subscriber.connect();
         let _resubscribe = subscriber.manage_subscriptions();
@@ -120,6 +135,7 @@ impl RedisNode {
             release: Script::from_lua(RELEASE),
             discard: Script::from_lua(DISCARD),
             fail_fast,
+            reconnected,
         })
     }
 
@@ -288,6 +304,10 @@ impl Lease for RedisLease {
             }
             Ok(())
         })
+    }
+
+    fn reconnected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.node.reconnected.notified())
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {

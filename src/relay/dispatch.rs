@@ -82,8 +82,9 @@ impl Dispatcher {
         }
         if let (Some(lease), Some(epoch)) = (&self.lease, job.epoch) {
             match *lease.borrow() {
-                LeaseState::Held { epoch: e, deadline }
-                    if e == epoch && Instant::now() < deadline => {}
+                LeaseState::Held {
+                    epoch: e, deadline, ..
+                } if e == epoch && Instant::now() < deadline => {}
                 _ => return Some("lease lost"),
             }
         }

@@ -174,11 +174,19 @@ impl Relay {
             };
             let claimed_at = Instant::now();
             // Raced against shutdown: a claim stuck on a locked table must not hold the
-            // process past shutdown_timeout. A claim abandoned here may still commit on the
-            // server; its rows are then simply re-claimed after their claim expires.
+            // process past shutdown_timeout. It gets a short grace first, so that an ordinary
+            // claim completes and its rows are given back at once by their tasks; a claim
+            // abandoned after that may still commit on the server, and its rows are then
+            // re-claimed after their claim expires.
+            let mut claim = std::pin::pin!(self.store.claim(&req));
             let claim = tokio::select! {
-                r = self.store.claim(&req) => r,
-                _ = self.shutdown.cancelled() => break,
+                r = &mut claim => r,
+                _ = self.shutdown.cancelled() => {
+                    match tokio::time::timeout(claim_grace(s.shutdown_timeout), &mut claim).await {
+                        Ok(r) => r,
+                        Err(_) => break,
+                    }
+                }
             };
             let rows = match claim {
                 Ok(rows) => {
@@ -270,9 +278,9 @@ impl Relay {
         }
 
         // Shutdown: nothing more is claimed; rows not yet sent are given back by their tasks.
-        // The whole shutdown fits in shutdown_timeout whatever the database does: sends get
-        // 80% of it, writing their results the next 10%, and the caller's lease release the
-        // rest (see `shutdown_budget`).
+        // The whole shutdown fits in shutdown_timeout whatever the database does: a claim in
+        // progress gets 5% of it, sends 75%, writing their results 10%, and the caller's lease
+        // release the rest (see `shutdown_budget`).
         self.health.set_draining();
         let (drain, record) = shutdown_budget(s.shutdown_timeout);
         let in_flight = tasks.len();
@@ -314,8 +322,15 @@ async fn lease_changed(rx: &mut Option<watch::Receiver<LeaseState>>) {
     }
 }
 
+/// How long a claim in progress at shutdown may still take (its rows are then given back at
+/// once): a twentieth of `shutdown_timeout`, taken from the sends' share.
+fn claim_grace(shutdown_timeout: Duration) -> Duration {
+    shutdown_timeout / 20
+}
+
 /// How `shutdown_timeout` is shared out: (waiting for sends in flight, writing their
-/// results). What is left (a tenth) is for releasing the lease.
+/// results). Before these, a claim in progress gets [`claim_grace`]; what is left (a tenth)
+/// is for releasing the lease.
 pub fn shutdown_budget(shutdown_timeout: Duration) -> (Duration, Duration) {
-    (shutdown_timeout * 8 / 10, shutdown_timeout / 10)
+    (shutdown_timeout * 3 / 4, shutdown_timeout / 10)
 }
