@@ -11,6 +11,7 @@
 
 pub mod alimtalk;
 pub mod fcm;
+mod http;
 mod limits;
 mod log;
 mod spec;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+pub(crate) use http::{describe_send_error, http_client, read_capped, retry_after_header, snippet};
 pub use limits::{Pause, RateLimiter};
 pub use spec::{SinkCommon, SinkKind, SinkSpec};
 use tokio::sync::Semaphore;
@@ -86,50 +88,6 @@ pub trait Sink: Send + Sync {
     /// Sends one row and classifies the answer. Must finish within the sink's `timeout`
     /// (the relay also enforces it) and must not panic on any payload.
     fn deliver<'a>(&'a self, delivery: &'a Delivery) -> BoxFuture<'a, Outcome>;
-}
-
-/// The HTTP client every HTTP sink uses, built once per sink: `timeout` bounds a whole request;
-/// connecting gets at most half of it (5 s at most), so a request that never connected is told
-/// apart from one that was sent and then timed out (an unknown outcome for paid sends);
-/// redirects are not followed (a moved endpoint is a configuration to fix, not to chase).
-pub(crate) fn http_client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
-    crate::install_crypto_provider();
-    Ok(reqwest::Client::builder()
-        .timeout(timeout)
-        .connect_timeout((timeout / 2).min(Duration::from_secs(5)))
-        .redirect(reqwest::redirect::Policy::none())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
-        .build()?)
-}
-
-/// A response's `Retry-After` header as text (parsed by each sink's classifier).
-pub(crate) fn retry_after_header(resp: &reqwest::Response) -> Option<String> {
-    resp.headers()
-        .get("retry-after")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-}
-
-/// A transport error on one line, without the URL (a URL may carry an app key or a token):
-/// "timed out: ...", "connection failed: ...", "request failed: ...".
-pub(crate) fn describe_send_error(e: reqwest::Error) -> String {
-    let kind = if e.is_connect() {
-        "connection failed"
-    } else if e.is_timeout() {
-        "timed out"
-    } else {
-        "request failed"
-    };
-    let e = e.without_url();
-    let mut text = format!("{kind}: {e}");
-    let mut source = std::error::Error::source(&e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 /// How long a sink pauses after a [`Outcome::ConfigError`] before trying again by itself.

@@ -121,7 +121,8 @@ impl Dialect {
         match self {
             Dialect::Postgres => format!("octet_length({col}::text)"),
             Dialect::MySql { .. } => format!("LENGTH({col})"),
-            Dialect::Sqlite => format!("length(CAST({col} AS BLOB))"),
+            // Bytes of text or blob, read from the record header: the value is not loaded.
+            Dialect::Sqlite => format!("octet_length({col})"),
         }
     }
 

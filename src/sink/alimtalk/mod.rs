@@ -34,11 +34,13 @@ pub use idempotency::{IdempotencyKeys, KeyFate};
 pub use payload::{Fallback, TemplateMessage, normalize_phone};
 pub use solapi::{authorization, iso8601, signature};
 
-use super::{Delivery, Outcome, Sink, describe_send_error};
+pub(crate) use super::snippet;
+use super::{Delivery, Outcome, Sink, describe_send_error, read_capped};
 use crate::BoxFuture;
 
-/// How much of a vendor's text is kept in a reason.
-const SNIPPET: usize = 200;
+/// Most bytes of a vendor answer read: NHN's and Solapi's JSON is small; a larger body is
+/// cut and then classified as unparseable.
+const ANSWER_BYTES: usize = 64 * 1024;
 
 /// Delivers rows to one vendor account.
 pub struct AlimtalkSink {
@@ -205,7 +207,7 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
     })?;
     let status = resp.status().as_u16();
     let retry_after = super::retry_after_header(&resp);
-    let body = resp.bytes().await.map_err(|e| {
+    let body = read_capped(resp, ANSWER_BYTES).await.map_err(|e| {
         Verdict::Unknown(format!(
             "HTTP {status} but its body was lost ({})",
             describe_send_error(e)
@@ -214,15 +216,14 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
     Ok(Reply {
         status,
         retry_after,
-        body: body.to_vec(),
+        body: if body.truncated {
+            format!(
+                "(an answer of more than {ANSWER_BYTES} bytes, not read whole) {}",
+                snippet(&String::from_utf8_lossy(&body.bytes))
+            )
+            .into_bytes()
+        } else {
+            body.bytes
+        },
     })
-}
-
-/// The start of a vendor's text, on one line.
-fn snippet(text: &str) -> String {
-    text.trim()
-        .chars()
-        .take(SNIPPET)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }

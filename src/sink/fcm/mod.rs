@@ -33,11 +33,13 @@ pub use config::{DEFAULT_ENDPOINT, DEFAULT_TOKEN_URI, FcmConfig, ServiceAccountK
 pub use message::{MAX_PAYLOAD, MAX_TOPIC_PAYLOAD, build as build_body};
 pub use oauth::{AccessToken, SCOPE, TokenError, TokenSource, refresh_margin};
 
-use super::{Delivery, Outcome, Sink, describe_send_error};
+pub(crate) use super::snippet;
+use super::{Delivery, Outcome, Sink, describe_send_error, read_capped};
 use crate::BoxFuture;
 
-/// How much of a vendor's text is kept in a reason.
-const SNIPPET: usize = 200;
+/// Most bytes of an FCM answer read: its JSON is small; a larger body is cut and then
+/// classified as unparseable.
+const ANSWER_BYTES: usize = 64 * 1024;
 
 /// Delivers rows to one Firebase project.
 pub struct FcmSink {
@@ -153,8 +155,12 @@ impl FcmSink {
             })?;
         let status = resp.status().as_u16();
         let retry_after = super::retry_after_header(&resp);
-        let body = match resp.bytes().await {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        let body = match read_capped(resp, ANSWER_BYTES).await {
+            Ok(b) if b.truncated => format!(
+                "(an answer of more than {ANSWER_BYTES} bytes, not read whole) {}",
+                snippet(&String::from_utf8_lossy(&b.bytes))
+            ),
+            Ok(b) => String::from_utf8_lossy(&b.bytes).into_owned(),
             // A 2xx whose body was cut off still was accepted.
             Err(_) if (200..300).contains(&status) => String::new(),
             Err(e) => {
@@ -176,13 +182,4 @@ impl Sink for FcmSink {
     fn deliver<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Outcome> {
         Box::pin(self.send(d))
     }
-}
-
-/// The start of a vendor's text, on one line.
-pub(crate) fn snippet(text: &str) -> String {
-    text.trim()
-        .chars()
-        .take(SNIPPET)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
 }

@@ -24,7 +24,7 @@ use super::jwt::RsaSigner;
 use super::snippet;
 use crate::config::Secret;
 use crate::sink::Outcome;
-use crate::sink::describe_send_error;
+use crate::sink::{describe_send_error, read_capped};
 
 /// The OAuth2 scope FCM HTTP v1 needs.
 pub const SCOPE: &str = "https://www.googleapis.com/auth/firebase.messaging";
@@ -253,9 +253,13 @@ impl TokenSource {
                 TokenError::Transient(format!("token endpoint: {}", describe_send_error(e)))
             })?;
         let status = resp.status().as_u16();
-        let bytes = resp.bytes().await.map_err(|e| {
-            TokenError::Transient(format!("token endpoint: {}", describe_send_error(e)))
-        })?;
+        // A token answer is a small JSON object; never read more than 64 KiB of it.
+        let bytes = read_capped(resp, 64 * 1024)
+            .await
+            .map_err(|e| {
+                TokenError::Transient(format!("token endpoint: {}", describe_send_error(e)))
+            })?
+            .bytes;
         if !(200..300).contains(&status) {
             let detail = serde_json::from_slice::<TokenErrorBody>(&bytes)
                 .ok()

@@ -18,11 +18,11 @@ pub use classify::{classify, parse_retry_after};
 pub use config::WebhookConfig;
 pub use request::{sign, signing_key};
 
-use super::{Delivery, Outcome, Sink, describe_send_error};
+use super::{Delivery, Outcome, Sink, describe_send_error, read_capped, snippet};
 use crate::BoxFuture;
 
-/// How much of an error response's body is kept in `last_error`.
-const BODY_SNIPPET: usize = 200;
+/// Most bytes of an error response read: enough for its snippet, never the whole body.
+const ERROR_BODY_BYTES: usize = 4 * 1024;
 
 /// Delivers rows to one HTTP endpoint.
 pub struct WebhookSink {
@@ -108,13 +108,11 @@ impl WebhookSink {
             return Outcome::Delivered;
         }
         let retry_after = super::retry_after_header(&resp);
-        let body = resp.text().await.unwrap_or_default();
-        let snippet: String = body
-            .chars()
-            .take(BODY_SNIPPET)
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
-        classify(status, retry_after.as_deref(), &snippet)
+        let body = read_capped(resp, ERROR_BODY_BYTES)
+            .await
+            .map(|b| String::from_utf8_lossy(&b.bytes).into_owned())
+            .unwrap_or_default();
+        classify(status, retry_after.as_deref(), &snippet(&body))
     }
 }
 
