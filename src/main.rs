@@ -23,6 +23,7 @@ fn main() {
         match &e {
             CliError::Usage(msg) => eprintln!("error: {msg}"),
             CliError::Runtime(err) => eprintln!("error: {err:#}"),
+            CliError::Closed => {}
         }
         std::process::exit(e.exit_code());
     }

@@ -559,3 +559,37 @@ async fn slow_sink_by_rate(db: Db) {
     slow_sink_does_not_delay_others(db, "rate_per_sec = 4.0").await
 }
 per_db!(slow_sink_by_rate);
+
+// ---------------------------------------------------------------------------------------------
+
+/// The log sink fails a payload that is not JSON like every other sink (it used to log it
+/// and mark it SUCCESS). SQLite stores any text in the payload column.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_sink_fails_payloads_that_are_not_json() {
+    let Some(td) = TestDb::open(Db::Sqlite, "bad_logsink").await else {
+        return;
+    };
+    td.exec(r#"INSERT INTO {t} (channel, payload) VALUES ('log', '{"ok":1}')"#)
+        .await;
+    td.exec("INSERT INTO {t} (channel, payload) VALUES ('log', 'not json {')")
+        .await;
+    let cfg = write_config(
+        td.dir.path(),
+        "relay.toml",
+        "[relay]\npoll_interval = \"50ms\"\n\n[sinks.log]\nkind = \"log\"\n",
+    );
+    let _relay = start(&td, &cfg);
+    until_finished(&td, Duration::from_secs(20)).await;
+    let state = rows(&td).await;
+    let mut by_status: Vec<(String, Option<String>)> = state.into_values().collect();
+    by_status.sort();
+    assert_eq!(by_status[0].0, "FAILED");
+    assert!(
+        by_status[0]
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("not valid JSON")),
+        "{by_status:?}"
+    );
+    assert_eq!(by_status[1].0, "SUCCESS");
+}

@@ -345,3 +345,103 @@ fn missing_config_file_is_a_usage_error() {
         assert!(out.stderr.contains("nope.toml"), "{out:?}");
     }
 }
+
+/// Every duration key, in the file and in the environment, refuses values that overflow or
+/// are not finite with exit 2 naming the key: never a panic (exit 101).
+#[test]
+fn overflowing_durations_are_refused_not_panics() {
+    let keys = [
+        ("relay", "poll_interval"),
+        ("relay", "claim_ttl"),
+        ("relay", "shutdown_timeout"),
+        ("lease", "ttl"),
+        ("lease", "renew_timeout"),
+        ("retry", "initial_backoff"),
+        ("retry", "max_backoff"),
+        ("database", "connect_timeout"),
+        ("retention", "success_after"),
+    ];
+    let values = [
+        "99999999999999999999d",
+        "18446744073709551615s",
+        "18446744073709551616000ms",
+        "36501d",
+        "1e400s",
+        "-1s",
+    ];
+    for (section, key) in keys {
+        for value in values {
+            let toml = format!("[{section}]\n{key} = \"{value}\"\n");
+            let stderr = refused(&toml, &[], &[&format!("{section}.{key}")]);
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            let var = format!(
+                "OUTBOX_RELAY__{}__{}",
+                section.to_uppercase(),
+                key.to_uppercase()
+            );
+            let stderr = refused("", &[(&var, value)], &[&format!("{section}.{key}")]);
+            assert!(!stderr.contains("panicked"), "{stderr}");
+        }
+    }
+    // A sink's own keys too.
+    for (key, value) in [
+        ("timeout", "\"99999999999999999999d\""),
+        ("rate_per_sec", "1e-300"),
+        ("rate_per_sec", "1e300"),
+        ("concurrency", "0"),
+        ("concurrency", "99999999999"),
+    ] {
+        let toml = format!("[sinks.s]\nkind = \"log\"\n{key} = {value}\n");
+        refused(&toml, &[], &[&format!("sinks.s.{key}")]);
+    }
+}
+
+/// Duration arguments of the verbs refuse overflowing values with exit 2.
+#[test]
+fn overflowing_cli_durations_are_usage_errors() {
+    let dir = config_dir("");
+    for value in ["99999999999999999999d", "18446744073709551615s", "1e400s"] {
+        let out = relay(dir.path(), &["purge", "--older-than", value], &[]);
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(!out.stderr.contains("panicked"), "{out:?}");
+    }
+}
+
+/// A configuration file that is not valid UTF-8 is refused, naming the file and the place.
+#[test]
+fn config_file_that_is_not_utf8_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("relay.toml"),
+        b"[relay]\ninstance_id = \"ab\xffc\"\n",
+    )
+    .expect("write");
+    for verb in ["check-config", "run"] {
+        let out = relay(dir.path(), &["--config", "relay.toml", verb], &[]);
+        assert_eq!(out.code, 2, "{out:?}");
+        assert!(
+            out.stderr.contains("relay.toml") && out.stderr.contains("UTF-8"),
+            "{out:?}"
+        );
+        assert!(out.stderr.contains("line 2"), "{out:?}");
+    }
+}
+
+/// A verb whose stdout is closed by its reader (`check-config | head -0`) ends quietly with
+/// exit 0: no panic, no exit 101.
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    use std::process::Stdio;
+    let dir = config_dir("");
+    let mut cmd = relay_command(dir.path());
+    cmd.args(["check-config"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn");
+    // Close the read end at once, as `head -0` would.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::{CliError, PurgeStatus};
+use super::{CliError, PurgeStatus, say};
 use crate::config::{Settings, duration};
 use crate::housekeeping;
 use crate::store::{self, Finished, NewRow, OutboxStore, Requeue};
@@ -28,7 +28,7 @@ pub(super) async fn open(settings: &Settings) -> Result<Arc<dyn OutboxStore>, Cl
 pub(super) async fn migrate(settings: &Settings) -> Result<(), CliError> {
     let store = open(settings).await?;
     store.migrate().await?;
-    println!(
+    say!(
         "schema of table {} is up to date on {} ({})",
         settings.database.table,
         settings.database_url_redacted(),
@@ -62,34 +62,34 @@ pub(super) async fn enqueue(
             ordering_key,
         })
         .await?;
-    println!("enqueued row {id}");
+    say!("enqueued row {id}");
     Ok(())
 }
 
 pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
     let store = open(settings).await?;
     let report = store.status(&settings.lease.name).await?;
-    println!(
+    say!(
         "database {} ({}), table {}",
         settings.database_url_redacted(),
         store.dialect().name(),
         settings.database.table
     );
     if report.counts.is_empty() {
-        println!("no rows");
+        say!("no rows");
     } else {
-        println!("{:<8} {:<20} {:>10}", "STATUS", "CHANNEL", "ROWS");
+        say!("{:<8} {:<20} {:>10}", "STATUS", "CHANNEL", "ROWS");
         for (status, channel, n) in &report.counts {
-            println!("{status:<8} {channel:<20} {n:>10}");
+            say!("{status:<8} {channel:<20} {n:>10}");
         }
     }
     match report.oldest_pending {
-        Some(age) => println!("oldest pending: {:.1}s", age.as_secs_f64()),
-        None => println!("oldest pending: none"),
+        Some(age) => say!("oldest pending: {:.1}s", age.as_secs_f64()),
+        None => say!("oldest pending: none"),
     }
     match &report.lease {
         Some(l) => match (&l.holder, l.remaining_ms) {
-            (Some(h), Some(ms)) if ms > 0 => println!(
+            (Some(h), Some(ms)) if ms > 0 => say!(
                 "lease {}: held by {h}, epoch {}, expires in {:.1}s",
                 settings.lease.name,
                 l.epoch,
@@ -97,7 +97,7 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
             ),
             // Redis (and Redlock) leases live in Redis: the row only records the epoch and
             // who took it last, with no expiry.
-            (Some(h), None) => println!(
+            (Some(h), None) => say!(
                 "lease {}: epoch {} taken by {h} (the live lease is kept by the {} backend; \
                  this is the last holder recorded in the database)",
                 settings.lease.name,
@@ -109,15 +109,15 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
                     crate::config::LeaseBackend::None => "none",
                 }
             ),
-            _ => println!("lease {}: free (epoch {})", settings.lease.name, l.epoch),
+            _ => say!("lease {}: free (epoch {})", settings.lease.name, l.epoch),
         },
-        None => println!("lease {}: never taken", settings.lease.name),
+        None => say!("lease {}: never taken", settings.lease.name),
     }
     if report.claims.is_empty() {
-        println!("live claims: none");
+        say!("live claims: none");
     }
     for (who, n) in &report.claims {
-        println!("live claims: {who}: {n}");
+        say!("live claims: {who}: {n}");
     }
     Ok(())
 }
@@ -130,15 +130,18 @@ pub(super) async fn failed(
     let store = open(settings).await?;
     let rows = store.failed(limit, channel.as_deref()).await?;
     if rows.is_empty() {
-        println!("no FAILED rows");
+        say!("no FAILED rows");
         return Ok(());
     }
-    println!(
+    say!(
         "{:>10} {:<16} {:>8} {:<19} LAST ERROR",
-        "ID", "CHANNEL", "ATTEMPTS", "UPDATED (UTC)"
+        "ID",
+        "CHANNEL",
+        "ATTEMPTS",
+        "UPDATED (UTC)"
     );
     for r in rows {
-        println!(
+        say!(
             "{:>10} {:<16} {:>8} {:<19} {}",
             r.id,
             r.channel,
@@ -165,13 +168,13 @@ pub(super) async fn requeue(
     };
     let report = store.requeue(&selection, dry_run).await?;
     for (id, status) in &report.not_failed {
-        println!("row {id} is {status}, not FAILED: left unchanged");
+        say!("row {id} is {status}, not FAILED: left unchanged");
     }
     for id in &report.missing {
-        println!("row {id} does not exist");
+        say!("row {id} does not exist");
     }
     let verb = if dry_run { "would requeue" } else { "requeued" };
-    println!("{verb} {} FAILED row(s)", report.requeued);
+    say!("{verb} {} FAILED row(s)", report.requeued);
     Ok(())
 }
 
@@ -192,7 +195,7 @@ pub(super) async fn purge(
         std::time::Duration::from_secs(24 * 3600),
     )
     .await?;
-    println!(
+    say!(
         "deleted {deleted} {} row(s) last updated more than {} ago",
         status.as_str(),
         duration::format(older_than)
@@ -200,14 +203,14 @@ pub(super) async fn purge(
     Ok(())
 }
 
-pub(super) fn check_config(s: &Settings) {
+pub(super) fn check_config(s: &Settings) -> Result<(), CliError> {
     let d = duration::format;
     match &s.source {
-        Some(p) => println!("configuration OK ({} + environment)", p.display()),
-        None => println!("configuration OK (built-in defaults + environment)"),
+        Some(p) => say!("configuration OK ({} + environment)", p.display()),
+        None => say!("configuration OK (built-in defaults + environment)"),
     }
     let r = &s.relay;
-    println!(
+    say!(
         "relay: instance_id={} mode={:?} poll_interval={} batch_size={} max_in_flight={} claim_ttl={} shutdown_timeout={}",
         r.instance_id,
         r.mode,
@@ -217,7 +220,7 @@ pub(super) fn check_config(s: &Settings) {
         d(r.claim_ttl),
         d(r.shutdown_timeout)
     );
-    println!(
+    say!(
         "database: url={} table={} max_connections={} listen={} migrate={}",
         s.database_url_redacted(),
         s.database.table,
@@ -225,24 +228,24 @@ pub(super) fn check_config(s: &Settings) {
         s.database.listen,
         s.database.migrate
     );
-    println!(
+    say!(
         "lease: backend={:?} name={} ttl={} renew_timeout={}",
         s.lease.backend,
         s.lease.name,
         d(s.lease.ttl),
         d(s.lease.renew_timeout)
     );
-    println!(
+    say!(
         "retry: initial_backoff={} max_backoff={} multiplier={} max_attempts={}",
         d(s.retry.initial_backoff),
         d(s.retry.max_backoff),
         s.retry.multiplier,
         s.retry.max_attempts
     );
-    println!("http: listen={}", s.http.listen);
+    say!("http: listen={}", s.http.listen);
     for (name, spec) in &s.sinks {
         let retry = spec.common.retry_policy(&s.retry);
-        println!(
+        say!(
             "sink {name}: kind={} timeout={} concurrency={} rate_per_sec={} max_attempts={}",
             spec.common.kind,
             d(spec.common.timeout),
@@ -254,4 +257,5 @@ pub(super) fn check_config(s: &Settings) {
             retry.max_attempts
         );
     }
+    Ok(())
 }

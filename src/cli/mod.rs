@@ -101,6 +101,26 @@ fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     crate::config::duration::parse(s)
 }
 
+/// `println!` for the verbs, except that a closed stdout (`outbox-relay status | head -1`)
+/// ends the verb quietly with exit 0, as coreutils do, instead of panicking.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::cli::write_line(format_args!($($arg)*))?
+    };
+}
+pub(crate) use say;
+
+/// Writes one line to stdout; see [`say`].
+pub(crate) fn write_line(args: std::fmt::Arguments<'_>) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(CliError::Closed),
+        Err(e) => Err(CliError::Runtime(anyhow::anyhow!("writing to stdout: {e}"))),
+    }
+}
+
 /// Why a command failed, deciding the exit code.
 #[derive(Debug)]
 pub enum CliError {
@@ -108,6 +128,8 @@ pub enum CliError {
     Usage(String),
     /// Something failed while running: exit 1.
     Runtime(anyhow::Error),
+    /// Stdout was closed by the reader: stop quietly, exit 0.
+    Closed,
 }
 
 impl From<ConfigError> for CliError {
@@ -128,6 +150,7 @@ impl CliError {
         match self {
             CliError::Usage(_) => 2,
             CliError::Runtime(_) => 1,
+            CliError::Closed => 0,
         }
     }
 }
@@ -153,9 +176,6 @@ pub async fn execute(cli: Cli) -> Result<(), CliError> {
             dry_run,
         } => admin::requeue(&settings, id, all_failed, channel, dry_run).await,
         Command::Purge { older_than, status } => admin::purge(&settings, older_than, status).await,
-        Command::CheckConfig => {
-            admin::check_config(&settings);
-            Ok(())
-        }
+        Command::CheckConfig => admin::check_config(&settings),
     }
 }

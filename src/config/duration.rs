@@ -8,8 +8,13 @@ use std::time::Duration;
 
 use serde::de::{self, Deserializer, Visitor};
 
+/// The longest duration any setting takes: far beyond any sensible value, and far enough
+/// from the limits of the clock types that adding it to "now" can never overflow.
+pub const MAX: Duration = Duration::from_secs(100 * 365 * 86_400);
+
 /// Parses `"<number><unit>"` (units `ms`, `s`, `m`, `h`, `d`; fractions allowed, e.g. `"1.5s"`).
-/// Several terms may be joined (`"1m30s"`).
+/// Several terms may be joined (`"1m30s"`). Never panics: a value over [`MAX`] (100 years),
+/// or one that is not a finite number, is an error.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     if text.is_empty() {
@@ -46,7 +51,12 @@ pub fn parse(text: &str) -> Result<Duration, String> {
                 ));
             }
         };
-        total += Duration::from_secs_f64(seconds);
+        let too_long = || format!("\"{text}\" is too long; at most 100 years (\"36500d\")");
+        let term = Duration::try_from_secs_f64(seconds).map_err(|_| too_long())?;
+        total = total
+            .checked_add(term)
+            .filter(|t| *t <= MAX)
+            .ok_or_else(too_long)?;
         rest = tail;
     }
     Ok(total)
@@ -113,6 +123,27 @@ mod tests {
         assert!(parse("3 weeks").is_err());
         assert!(parse("5w").unwrap_err().contains("unknown unit"));
         assert!(parse("").is_err());
+    }
+
+    #[test]
+    fn overflowing_values_are_errors_not_panics() {
+        for v in [
+            "99999999999999999999d",
+            "18446744073709551615s",
+            "18446744073709551616000ms",
+            "36501d",
+            "36500d1s",
+            "1e400s",
+            "-5s",
+            "NaNs",
+            ".s",
+            "1..2s",
+            "9".repeat(400).as_str(),
+            &format!("{}s", "9".repeat(400)),
+        ] {
+            assert!(parse(v).is_err(), "{v} should be refused");
+        }
+        assert_eq!(parse("36500d"), Ok(MAX));
     }
 
     #[test]

@@ -318,6 +318,30 @@ struct RawSettings {
     sinks: BTreeMap<String, config::Value>,
 }
 
+/// Reads a configuration file, refusing one that is not valid UTF-8 (TOML must be) with the
+/// line and column of the first bad byte, instead of letting it be read with replacement
+/// characters.
+fn read_utf8(path: &Path) -> Result<String, ConfigError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path)
+        .map_err(|e| ConfigError::new(file.clone(), format!("cannot read: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let before = &e.as_bytes()[..at];
+        let line = before.iter().filter(|b| **b == b'\n').count() + 1;
+        let column = at
+            - before
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |p| p + 1)
+            + 1;
+        ConfigError::new(
+            file,
+            format!("not valid UTF-8: bad byte at line {line}, column {column} (byte offset {at})"),
+        )
+    })
+}
+
 impl Settings {
     /// Loads `path` (or [`DEFAULT_CONFIG_PATH`] if it exists, or nothing) layered with the
     /// process environment, then validates.
@@ -342,11 +366,8 @@ impl Settings {
         };
         let mut builder = config::Config::builder();
         if let Some(f) = &file {
-            builder = builder.add_source(
-                config::File::from(f.as_path())
-                    .format(config::FileFormat::Toml)
-                    .required(true),
-            );
+            let text = read_utf8(f)?;
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
         }
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator("__")

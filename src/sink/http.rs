@@ -90,11 +90,13 @@ pub(crate) async fn read_capped(
 /// The start of a receiver's or vendor's text, on one line: trimmed, control characters
 /// (NUL included) as spaces, at most [`SNIPPET_CHARS`] characters.
 pub(crate) fn snippet(text: &str) -> String {
-    text.trim()
+    let line: String = text
+        .trim()
         .chars()
         .take(SNIPPET_CHARS)
         .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+        .collect();
+    line.trim_end().to_string()
 }
 
 #[cfg(test)]

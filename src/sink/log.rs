@@ -1,5 +1,5 @@
-//! The `log` sink: writes each delivery to the log and succeeds. For dry runs and the embedded
-//! demo; it sends nothing anywhere.
+//! The `log` sink: writes each delivery to the log and succeeds (a payload that is not JSON
+//! fails, as with every sink). For dry runs and the embedded demo; it sends nothing anywhere.
 
 use super::{Delivery, Outcome, Sink};
 use crate::BoxFuture;
@@ -21,6 +21,12 @@ impl LogSink {
 impl Sink for LogSink {
     fn deliver<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
+            // The same contract as every other sink: a payload must be JSON.
+            if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&d.payload) {
+                return Outcome::Permanent {
+                    reason: format!("payload is not valid JSON: {e}"),
+                };
+            }
             tracing::info!(
                 sink = %self.name,
                 id = d.id,

@@ -151,11 +151,11 @@ impl SinkSpec {
             ));
         }
         if let Some(rate) = common.rate_per_sec
-            && !(rate > 0.0 && rate.is_finite())
+            && !(0.001..=1_000_000.0).contains(&rate)
         {
             return Err(ConfigError::new(
                 format!("{prefix}.rate_per_sec"),
-                "must be a positive number",
+                "must be a number from 0.001 to 1000000",
             ));
         }
         let own = config::Value::from(own);
