@@ -593,3 +593,89 @@ async fn log_sink_fails_payloads_that_are_not_json() {
     );
     assert_eq!(by_status[1].0, "SUCCESS");
 }
+
+// ---------------------------------------------------------------------------------------------
+
+/// Two outbox tables in one database, relays with the default lease settings: each relay's
+/// lease is named after its table, so both tables are served (with one shared default name,
+/// one relay would stand by for ever).
+async fn two_tables_default_lease_names(db: Db) {
+    let Some(td) = TestDb::open(db, "bad_two_tables").await else {
+        return;
+    };
+    let other = format!("{}_b", td.table);
+    let store_b =
+        outbox_relay::store::SqlStore::connect(&td.url, &other, 2, Duration::from_secs(5))
+            .await
+            .expect("connect");
+    outbox_relay::store::OutboxStore::migrate(&store_b)
+        .await
+        .expect("migrate");
+    let rx = Receiver::start(None).await;
+    let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
+    let mut relays = Vec::new();
+    for (i, table) in [td.table.clone(), other.clone()].iter().enumerate() {
+        let payload = json(db, r#"{"n":1}"#);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {table} (channel, payload) VALUES ('hook', {payload})"
+        )))
+        .execute(td.store.pool())
+        .await
+        .expect("insert");
+        let mut cmd = relay_command(td.dir.path());
+        cmd.env("OUTBOX_RELAY__DATABASE__URL", &td.url)
+            .env("OUTBOX_RELAY__DATABASE__TABLE", table)
+            .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
+            .env("OUTBOX_RELAY__RELAY__INSTANCE_ID", format!("r{i}"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("run");
+        relays.push(RelayProc::spawn(
+            &format!("r{i}"),
+            &mut cmd,
+            td.dir.path().join(format!("r{i}.log")),
+        ));
+    }
+    rx.expect_requests(2, Duration::from_secs(20), "one row from each table")
+        .await;
+    for table in [&td.table, &other] {
+        let pool = td.store.pool();
+        until(
+            format!("table {table} served"),
+            Duration::from_secs(10),
+            || async move {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {table} WHERE status <> 'SUCCESS'"
+                )))
+                .fetch_one(pool)
+                .await
+                .expect("count")
+                .try_get::<i64, _>(0)
+                .expect("count")
+                    == 0
+            },
+        )
+        .await;
+    }
+    let names: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT name FROM outbox_relay_lease WHERE name IN ('outbox-relay:{}', 'outbox-relay:{other}')",
+        td.table
+    )))
+    .fetch_all(td.store.pool())
+    .await
+    .expect("lease rows")
+    .iter()
+    .map(|r| r.try_get::<String, _>(0).expect("name"))
+    .collect();
+    assert_eq!(
+        names.len(),
+        2,
+        "lease names derived from the tables: {names:?}"
+    );
+    drop(relays);
+    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {other}")))
+        .execute(td.store.pool())
+        .await;
+    td.drop_table().await;
+}
+per_db!(two_tables_default_lease_names);

@@ -219,7 +219,8 @@ impl Default for LeaseSettings {
     fn default() -> Self {
         LeaseSettings {
             backend: LeaseBackend::Database,
-            name: "outbox-relay".into(),
+            // Filled in from the table after loading (see `default_lease_name`).
+            name: String::new(),
             ttl: Duration::from_secs(10),
             renew_timeout: Duration::from_secs(1),
             redis_url: None,
@@ -318,6 +319,18 @@ struct RawSettings {
     sinks: BTreeMap<String, config::Value>,
 }
 
+/// The lease name when `lease.name` is not set: derived from the table, so that relays of two
+/// outbox tables in one database never share a lease (one table would never be served).
+/// The default table keeps the historical name `outbox-relay`, so upgrading a relay on the
+/// default table never changes its lease.
+pub fn default_lease_name(table: &str) -> String {
+    if table == "outbox" {
+        "outbox-relay".to_string()
+    } else {
+        format!("outbox-relay:{table}")
+    }
+}
+
 /// Reads a configuration file, refusing one that is not valid UTF-8 (TOML must be) with the
 /// line and column of the first bad byte, instead of letting it be read with replacement
 /// characters.
@@ -389,10 +402,14 @@ impl Settings {
         if sinks.is_empty() {
             sinks.insert("log".to_string(), SinkSpec::default_log());
         }
+        let mut lease = raw.lease;
+        if lease.name.is_empty() {
+            lease.name = default_lease_name(&raw.database.table);
+        }
         let settings = Settings {
             relay: raw.relay,
             database: raw.database,
-            lease: raw.lease,
+            lease,
             retry: raw.retry,
             http: raw.http,
             log: raw.log,
