@@ -679,3 +679,73 @@ async fn two_tables_default_lease_names(db: Db) {
     td.drop_table().await;
 }
 per_db!(two_tables_default_lease_names);
+
+// ---------------------------------------------------------------------------------------------
+
+/// `requeue --all-failed` racing `purge --status FAILED`, many rounds: every row is either
+/// requeued (and then PENDING, never deleted) or deleted while still FAILED; nothing
+/// PENDING/RETRY is ever deleted and no row is lost.
+async fn admin_verbs_race_without_losing_rows(db: Db) {
+    use outbox_relay::store::{Finished, OutboxStore, Requeue};
+    let Some(td) = TestDb::open(db, "bad_admin_race").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let old = db_time(db, -3600);
+    for round in 0..25 {
+        // 40 FAILED rows, an hour old; the marker is the round.
+        for i in 0..40 {
+            let payload = json(db, &format!(r#"{{"round":{round},"i":{i}}}"#));
+            td.exec(&format!(
+                "INSERT INTO {{t}} (channel, payload, status, updated_at, ordering_key)
+                 VALUES ('hook', {payload}, 'FAILED', {old}, 'r{round}')"
+            ))
+            .await;
+        }
+        let (requeued, deleted) = tokio::join!(
+            async {
+                store
+                    .requeue(&Requeue::AllFailed { channel: None }, false)
+                    .await
+                    .expect("requeue")
+                    .requeued
+            },
+            async {
+                let mut n = 0;
+                loop {
+                    let d = store
+                        .purge(Finished::Failed, Duration::from_secs(60), 7)
+                        .await
+                        .expect("purge");
+                    n += d;
+                    if d == 0 {
+                        break n;
+                    }
+                }
+            }
+        );
+        let left = td
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM {{t}} WHERE ordering_key = 'r{round}'"
+            ))
+            .await;
+        let pending = td
+            .scalar(&format!(
+                "SELECT COUNT(*) FROM {{t}} WHERE ordering_key = 'r{round}' AND status = 'PENDING'"
+            ))
+            .await;
+        assert_eq!(
+            requeued + deleted,
+            40,
+            "round {round}: requeued {requeued} + deleted {deleted}"
+        );
+        assert_eq!(
+            pending as u64, requeued,
+            "round {round}: a requeued row was deleted ({left} rows left)"
+        );
+        assert_eq!(left, pending, "round {round}: FAILED rows left behind");
+        td.exec("UPDATE {t} SET status = 'SUCCESS'").await;
+    }
+    td.drop_table().await;
+}
+per_db!(admin_verbs_race_without_losing_rows);

@@ -133,6 +133,14 @@ impl SqlStore {
         )
     }
 
+    /// The row is under no live claim (nobody may be delivering it).
+    fn no_live_claim(&self) -> String {
+        format!(
+            "(claimed_until IS NULL OR claimed_until < {})",
+            self.dialect.now()
+        )
+    }
+
     pub(super) async fn requeue_rows(
         &self,
         selection: &Requeue,
@@ -171,8 +179,9 @@ impl SqlStore {
                     }
                     if !dry_run && !failed.is_empty() {
                         let mut q = self.sql(&format!(
-                            "UPDATE {t} SET {} WHERE status = 'FAILED' AND id IN ({})",
+                            "UPDATE {t} SET {} WHERE status = 'FAILED' AND {} AND id IN ({})",
                             self.requeue_set(),
+                            self.no_live_claim(),
                             placeholders(failed.len())
                         ));
                         for id in &failed {
@@ -200,28 +209,41 @@ impl SqlStore {
                     report.requeued = q.fetch_one(&self.pool).await?.try_get::<i64, _>(0)? as u64;
                     return Ok(report);
                 }
-                // In batches, so a large dead-letter backlog never becomes one huge lock.
-                let sql = match self.dialect {
-                    Dialect::MySql { .. } => format!(
-                        "UPDATE {t} SET {} WHERE status = 'FAILED' {filter} ORDER BY id LIMIT ?",
-                        self.requeue_set()
+                // In batches, so a large dead-letter backlog never becomes one huge lock. The
+                // condition is checked again by the UPDATE itself, not only by the subquery
+                // that picks the batch: a row changed since it was picked (requeued, purged,
+                // claimed) is left alone (see docs/operations.md, "Admin verbs and a running
+                // relay").
+                let cond = format!("status = 'FAILED' {filter} AND {}", self.no_live_claim());
+                let (sql, filters) = match self.dialect {
+                    Dialect::MySql { .. } => (
+                        format!(
+                            "UPDATE {t} SET {} WHERE {cond} ORDER BY id LIMIT ?",
+                            self.requeue_set()
+                        ),
+                        1,
                     ),
-                    _ => format!(
-                        "UPDATE {t} SET {} WHERE id IN (SELECT id FROM {t}
-                         WHERE status = 'FAILED' {filter} ORDER BY id LIMIT ?)",
-                        self.requeue_set()
+                    _ => (
+                        format!(
+                            "UPDATE {t} SET {} WHERE {cond} AND id IN (SELECT id FROM {t}
+                             WHERE {cond} ORDER BY id LIMIT ?)",
+                            self.requeue_set()
+                        ),
+                        2,
                     ),
                 };
                 loop {
-                    let mut q = self.sql(&sql);
-                    if let Some(c) = channel {
-                        q = q.bind(c.clone());
-                    }
-                    let n = q
-                        .bind(REQUEUE_BATCH)
-                        .execute(&self.pool)
-                        .await?
-                        .rows_affected();
+                    let n = retry_transient(|| {
+                        let mut q = self.sql(&sql);
+                        for _ in 0..filters {
+                            if let Some(c) = channel {
+                                q = q.bind(c.clone());
+                            }
+                        }
+                        q.bind(REQUEUE_BATCH).execute(&self.pool)
+                    })
+                    .await?
+                    .rows_affected();
                     report.requeued += n;
                     if n == 0 {
                         break;
@@ -240,23 +262,33 @@ impl SqlStore {
     ) -> anyhow::Result<u64> {
         let t = &self.table;
         let cutoff = self.dialect.now_plus_ms();
-        let sql = match self.dialect {
-            Dialect::MySql { .. } => format!(
-                "DELETE FROM {t} WHERE status = ? AND updated_at < {cutoff} ORDER BY id LIMIT ?"
+        // The status and age are checked again by the DELETE itself, not only by the subquery
+        // that picks the batch: a row requeued since it was picked is never deleted.
+        let cond = format!("status = ? AND updated_at < {cutoff}");
+        let (sql, conds) = match self.dialect {
+            Dialect::MySql { .. } => (
+                format!("DELETE FROM {t} WHERE {cond} ORDER BY id LIMIT ?"),
+                1,
             ),
-            _ => format!(
-                "DELETE FROM {t} WHERE id IN (SELECT id FROM {t}
-                 WHERE status = ? AND updated_at < {cutoff} ORDER BY id LIMIT ?)"
+            _ => (
+                format!(
+                    "DELETE FROM {t} WHERE {cond} AND id IN (SELECT id FROM {t}
+                     WHERE {cond} ORDER BY id LIMIT ?)"
+                ),
+                2,
             ),
         };
-        Ok(self
-            .sql(&sql)
-            .bind(status.as_str().to_string())
-            .bind(-(older_than.as_millis() as i64))
-            .bind(batch as i64)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+        Ok(retry_transient(|| {
+            let mut q = self.sql(&sql);
+            for _ in 0..conds {
+                q = q
+                    .bind(status.as_str().to_string())
+                    .bind(-(older_than.as_millis() as i64));
+            }
+            q.bind(batch as i64).execute(&self.pool)
+        })
+        .await?
+        .rows_affected())
     }
 
     pub(super) async fn sample_table(&self) -> anyhow::Result<Sample> {
@@ -284,5 +316,29 @@ impl SqlStore {
             oldest_pending: oldest.map(|ms| Duration::from_millis(ms.max(0) as u64)),
             ordering_blocked_keys: blocked,
         })
+    }
+}
+
+/// Runs a statement again (up to 5 times, 50 ms apart) when it failed transiently: admin
+/// verbs race the relay and each other, and MySQL/MariaDB answer such races with deadlocks
+/// (1213) that are meant to be retried.
+async fn retry_transient<T, F, Fut>(mut statement: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match statement().await {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                let e = anyhow::Error::new(e);
+                tries += 1;
+                if tries >= 5 || !super::is_transient(&e) {
+                    return Err(e);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
     }
 }
