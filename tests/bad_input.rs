@@ -686,7 +686,7 @@ per_db!(two_tables_default_lease_names);
 /// requeued (and then PENDING, never deleted) or deleted while still FAILED; nothing
 /// PENDING/RETRY is ever deleted and no row is lost.
 async fn admin_verbs_race_without_losing_rows(db: Db) {
-    use outbox_relay::store::{Finished, OutboxStore, Requeue};
+    use outbox_relay::store::{Finished, Requeue};
     let Some(td) = TestDb::open(db, "bad_admin_race").await else {
         return;
     };
