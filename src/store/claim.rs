@@ -15,7 +15,7 @@ use sqlx::any::AnyRow;
 
 use super::dialect::placeholders;
 use super::sql::{AnyQuery, SqlStore};
-use super::{Budgets, ClaimRequest, ClaimedRow, Dialect, Undeliverable};
+use super::{Budgets, ClaimRequest, ClaimedRow, Dialect, Undeliverable, future_ms};
 use crate::sink::Delivery;
 
 impl SqlStore {
@@ -110,7 +110,7 @@ impl SqlStore {
         let t = &self.table;
         let d = self.dialect;
         let (now, plus) = (d.now(), d.now_plus_ms());
-        let ttl_ms = req.ttl.as_millis() as i64;
+        let ttl_ms = future_ms(req.ttl);
         let rows = if d == Dialect::Postgres {
             let (fence_cte, fence_cond) = if req.fence.is_some() {
                 (
@@ -212,7 +212,7 @@ impl SqlStore {
             .sql(&update)
             .bind(req.claimer.clone())
             .bind(req.token.to_string())
-            .bind(req.ttl.as_millis() as i64);
+            .bind(future_ms(req.ttl));
         for r in &rows {
             q = q.bind(r.try_get::<i64, _>(0)?);
         }
@@ -602,7 +602,7 @@ impl SqlStore {
 fn push_now_plus(q: &mut Sql, d: Dialect, ttl: Duration) {
     let expr = d.now_plus_ms();
     let (before, after) = expr.split_once('?').unwrap_or((expr, ""));
-    q.push(before).int(ttl.as_millis() as i64).push(after);
+    q.push(before).int(future_ms(ttl)).push(after);
 }
 
 /// How a pick is fenced on the lease epoch.

@@ -10,7 +10,7 @@ use sqlx::{Any, AnyPool, Executor, Row};
 use super::{Dialect, mysql, postgres, sqlite};
 
 /// The newest schema version this build knows.
-pub const LATEST: i64 = 2;
+pub const LATEST: i64 = 3;
 
 fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
     match (dialect, version) {
@@ -22,6 +22,9 @@ fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
     }
 }
 
+/// Version 3 (MySQL/MariaDB only, in code): time columns become TIMESTAMP, see
+/// `mysql::convert_timestamps`.
+///
 /// Version 2: claims take each channel's budget with its own pick (see store/claim.rs), which
 /// walks this index instead of every due row of every channel.
 fn channel_index(dialect: Dialect, t: &str) -> String {
@@ -102,6 +105,9 @@ async fn apply(
     for version in (current + 1)..=LATEST {
         for step in steps(dialect, table, version) {
             conn.execute(sqlx::AssertSqlSafe(step)).await?;
+        }
+        if let (Dialect::MySql { .. }, 3) = (dialect, version) {
+            mysql::convert_timestamps(conn, table).await?;
         }
         let upsert = if current == 0 && version == 1 {
             "INSERT INTO outbox_relay_schema (target, version) VALUES (?, ?)"

@@ -317,6 +317,16 @@ pub fn sanitize_text(e: &str) -> String {
     out
 }
 
+/// How far ahead of now any time the relay writes may lie: a year. Retry delays, claims and
+/// leases are far shorter in practice; the cap keeps a misconfigured one inside every
+/// database's range (MySQL's TIMESTAMP ends in January 2038).
+pub const MAX_AHEAD: Duration = Duration::from_secs(365 * 86_400);
+
+/// `d` in milliseconds, capped at [`MAX_AHEAD`], for binding into `now + ?` expressions.
+pub(crate) fn future_ms(d: Duration) -> i64 {
+    d.min(MAX_AHEAD).as_millis() as i64
+}
+
 /// Opens the store for `url` with `table`, without migrating.
 pub async fn connect(
     url: &str,

@@ -1,7 +1,11 @@
 //! MySQL 8 / MariaDB 10.6+: schema and server capabilities.
 //!
-//! Timestamps are `DATETIME(6)` written with `NOW(6)`, i.e. in the session time zone: keep the
-//! server's `time_zone` the same for the application and the relay (UTC recommended).
+//! Timestamps are `TIMESTAMP(6)`: stored as instants (UTC) and converted to and from each
+//! session's time zone, so a row the application inserts with the DEFAULT timestamps from a
+//! session in any zone (the server's, `+09:00`, `-05:00`) is due at once for the relay, whose
+//! sessions run at `+00:00`, and its age is right. (With `DATETIME`, the relay read an
+//! application's local wall-clock time as UTC: on a server in KST rows were not due for nine
+//! hours.) Tables of schema version 1 are converted by version 3, see [`convert_timestamps`].
 //! Sessions run at READ COMMITTED so that the claim's locking read takes no gap locks that
 //! would block the application's inserts.
 
@@ -17,14 +21,14 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
                 ordering_key VARCHAR(191) NULL,
                 status VARCHAR(16) NOT NULL DEFAULT 'PENDING',
                 attempts INT NOT NULL DEFAULT 0,
-                next_attempt_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                next_attempt_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
                 claimed_by VARCHAR(255) NULL,
                 claim_token VARCHAR(64) NULL,
-                claimed_until DATETIME(6) NULL,
+                claimed_until TIMESTAMP(6) NULL DEFAULT NULL,
                 last_error TEXT NULL,
-                created_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                updated_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
-                sent_at DATETIME(6) NULL,
+                created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                sent_at TIMESTAMP(6) NULL DEFAULT NULL,
                 KEY {t}_due_idx (status, next_attempt_at),
                 KEY {t}_ordering_idx (ordering_key, id),
                 KEY {t}_status_idx (status, updated_at),
@@ -35,11 +39,106 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
         "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
             name VARCHAR(191) NOT NULL PRIMARY KEY,
             holder VARCHAR(255) NULL,
-            lease_until DATETIME(6) NULL,
+            lease_until TIMESTAMP(6) NULL DEFAULT NULL,
             epoch BIGINT NOT NULL DEFAULT 0
         ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
             .to_string(),
     ]
+}
+
+/// Each time column's definition as `TIMESTAMP(6)`. Every one has an explicit NULL/NOT NULL
+/// and DEFAULT, so the server's `explicit_defaults_for_timestamp` setting cannot add an
+/// `ON UPDATE CURRENT_TIMESTAMP` behind our back.
+const TIMESTAMP_COLUMNS: [(&str, &str); 5] = [
+    (
+        "next_attempt_at",
+        "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+    ),
+    ("claimed_until", "TIMESTAMP(6) NULL DEFAULT NULL"),
+    (
+        "created_at",
+        "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+    ),
+    (
+        "updated_at",
+        "TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)",
+    ),
+    ("sent_at", "TIMESTAMP(6) NULL DEFAULT NULL"),
+];
+
+/// Schema version 3: converts the `DATETIME(6)` columns of a version-1 table (and of the lease
+/// table) to `TIMESTAMP(6)`, leaving columns that already are TIMESTAMP alone.
+///
+/// Which zone were the stored wall-clock values written in? The relay wrote its own (claims,
+/// retries, results) at `+00:00`; the application's DEFAULTs were written in its sessions'
+/// zone, normally the server's. The conversion reads them in whichever of the two is further
+/// east: a value is then never taken for later than it was meant, so no row waits longer than
+/// it should (some retries and claims may come due early, which is safe: claims are fenced).
+/// Values outside TIMESTAMP's range (after 2038-01-19) would fail the conversion; the relay
+/// never writes such values.
+pub(super) async fn convert_timestamps(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Any>,
+    table: &str,
+) -> anyhow::Result<()> {
+    use sqlx::{Executor, Row};
+    let kinds = sqlx::query(
+        "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, 'outbox_relay_lease')",
+    )
+    .bind(table.to_string())
+    .fetch_all(&mut **conn)
+    .await?;
+    let is_datetime = |t: &str, c: &str| {
+        kinds.iter().any(|r| {
+            r.try_get::<String, _>(0)
+                .is_ok_and(|x| x.eq_ignore_ascii_case(t))
+                && r.try_get::<String, _>(1)
+                    .is_ok_and(|x| x.eq_ignore_ascii_case(c))
+                && r.try_get::<String, _>(2)
+                    .is_ok_and(|x| x.eq_ignore_ascii_case("datetime"))
+        })
+    };
+    let mut changes: Vec<String> = TIMESTAMP_COLUMNS
+        .iter()
+        .filter(|(c, _)| is_datetime(table, c))
+        .map(|(c, def)| format!("ALTER TABLE {table} MODIFY {c} {def}"))
+        .collect();
+    if is_datetime("outbox_relay_lease", "lease_until") {
+        changes.push(
+            "ALTER TABLE outbox_relay_lease MODIFY lease_until TIMESTAMP(6) NULL DEFAULT NULL"
+                .to_string(),
+        );
+    }
+    if changes.is_empty() {
+        return Ok(());
+    }
+    // The server's offset from UTC now, in minutes (its global zone: what application
+    // sessions use unless they set their own).
+    let offset: i64 = sqlx::query(
+        "SELECT CAST(TIMESTAMPDIFF(MINUTE, UTC_TIMESTAMP(),
+            CONVERT_TZ(UTC_TIMESTAMP(), '+00:00', @@global.time_zone)) AS SIGNED)",
+    )
+    .fetch_one(&mut **conn)
+    .await?
+    .try_get::<Option<i64>, _>(0)?
+    .unwrap_or(0);
+    let east = offset.max(0);
+    let zone = format!("+{:02}:{:02}", east / 60, east % 60);
+    tracing::info!(table, read_as = %zone, "converting DATETIME columns to TIMESTAMP");
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "SET SESSION time_zone = '{zone}'"
+    )))
+    .await?;
+    let mut result = Ok(());
+    for change in changes {
+        if let Err(e) = conn.execute(sqlx::AssertSqlSafe(change)).await {
+            result = Err(e.into());
+            break;
+        }
+    }
+    // The pool's sessions run at UTC; give the connection back as it was.
+    conn.execute("SET SESSION time_zone = '+00:00'").await?;
+    result
 }
 
 /// Whether a server (by `SELECT VERSION()`) is MariaDB, and whether it has

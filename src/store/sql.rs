@@ -19,8 +19,8 @@ use super::claim::to_claimed;
 use super::dialect::placeholders;
 use super::{
     ClaimRequest, ClaimedRow, Completion, Dialect, FailedRow, Finished, Incomplete, NewRow,
-    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, migrate, mysql,
-    sanitize_text,
+    OutboxStore, Requeue, RequeueReport, Resolution, Sample, StatusReport, future_ms, migrate,
+    mysql, sanitize_text,
 };
 use crate::BoxFuture;
 
@@ -219,7 +219,7 @@ impl SqlStore {
                     Resolution::Retry { delay, .. } | Resolution::Release { delay, .. } => *delay,
                     _ => Duration::ZERO,
                 };
-                q = q.bind(c.id).bind(delay.as_millis() as i64);
+                q = q.bind(c.id).bind(future_ms(delay));
             }
         }
         if matches!(kind, Kind::Retry | Kind::Failed | Kind::Release) {
@@ -499,7 +499,7 @@ impl OutboxStore for SqlStore {
             );
             let binds = |q: AnyQuery<'static>| {
                 q.bind(holder.to_string())
-                    .bind(ttl.as_millis() as i64)
+                    .bind(future_ms(ttl))
                     .bind(name.to_string())
             };
             self.bump_epoch(&set, &filter, binds).await
@@ -520,7 +520,7 @@ impl OutboxStore for SqlStore {
                      WHERE name = ? AND holder = ? AND epoch = ?",
                     plus = self.dialect.now_plus_ms()
                 ))
-                .bind(ttl.as_millis() as i64)
+                .bind(future_ms(ttl))
                 .bind(name.to_string())
                 .bind(holder.to_string())
                 .bind(epoch)
