@@ -19,14 +19,11 @@ use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::store::{Completion, Incomplete, OutboxStore, Resolution, is_transient};
 
-/// Flush when this many completions wait...
+/// Most completions written in one go.
 const FLUSH_ROWS: usize = 256;
-/// ...or when the oldest has waited this long.
-const FLUSH_AFTER: Duration = Duration::from_millis(10);
 /// Longest pause between retries of a write that failed transiently.
 const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 
@@ -111,15 +108,18 @@ async fn run(
                 None => break,
             }
         }
-        // Gather more for a short while, so concurrent results share a statement.
-        let until = Instant::now() + FLUSH_AFTER;
-        while open && buf.len() < FLUSH_ROWS {
-            tokio::select! {
-                e = rx.recv() => match e {
-                    Some(e) => buf.push(e),
-                    None => open = false,
-                },
-                _ = tokio::time::sleep_until(until) => break,
+        // Take whatever else is already waiting, without waiting for more: the slots of these
+        // rows stay taken until their results are written, so a pause here would idle the
+        // relay. Results that arrive during a write share the next one (group commit), which
+        // batches them exactly as much as the load does.
+        while buf.len() < FLUSH_ROWS {
+            match rx.try_recv() {
+                Ok(e) => buf.push(e),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
             }
         }
         let batch: Vec<Completion> = buf.iter().map(|e| e.completion.clone()).collect();
