@@ -1060,3 +1060,53 @@ async fn auth_password_is_used_and_never_logged() {
         "the relay with a wrong password keeps retrying"
     );
 }
+
+/// Redis restarted under a holder, its key kept (append-only file): after the reconnection
+/// the holder claims nothing new until a renewal confirms the hold, then goes on under the
+/// same token and epoch (no needless failover).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_confirms_the_hold_before_claiming_again() {
+    let Some((mut redis, td, rx)) = setup(
+        "rl_reconnect",
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    )
+    .await
+    else {
+        return;
+    };
+    let knobs = Knobs {
+        ttl: Duration::from_secs(6),
+        renew_timeout: Duration::from_millis(500),
+        claim_ttl: Duration::from_secs(12),
+        ..Knobs::fast()
+    };
+    let lease = td.table.clone();
+    let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a"]);
+    let feeder = Feeder::start(td.store.clone(), Duration::from_millis(20));
+    rx.expect_requests(5, Duration::from_secs(15), "deliveries before the restart")
+        .await;
+    let (token, epoch) = assert_holder(&redis, &td, &lease, &relays, "a").await;
+    const CONFIRMING: &str = "confirming the hold before claiming again";
+    let before = relays[0].log_text().matches(CONFIRMING).count();
+
+    redis.restart().await;
+    let t_up = Instant::now();
+    let relay = &relays[0];
+    until(
+        "the holder confirms its hold",
+        Duration::from_secs(10),
+        || async move { relay.log_text().matches(CONFIRMING).count() > before },
+    )
+    .await;
+    let resumed = rx
+        .wait_until(
+            |reqs| reqs.iter().filter(|r| r.at > t_up).count() >= 5,
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(resumed, "deliveries did not resume after the reconnection");
+    let (token_after, epoch_after) = assert_holder(&redis, &td, &lease, &relays, "a").await;
+    assert_eq!(token_after, token, "the hold was confirmed, not re-taken");
+    assert_eq!(epoch_after, epoch, "no new epoch: the hold survived");
+    feeder.stop().await;
+}
