@@ -1,7 +1,8 @@
 //! outbox-relay: delivers the rows of a transactional-outbox table to webhooks, FCM and
 //! Kakao Alimtalk, coordinating several instances through a fenced lease or row claims.
 //!
-//! The crate is split along the seams of the algorithm in `SPEC.md`:
+//! The crate is split along the seams of the design (docs/design.md, which also defines the
+//! guarantees G1-G7 that comments refer to):
 //! - [`store`]: the outbox table and its claims ([`store::OutboxStore`]);
 //! - [`lease`]: who may claim in leader mode ([`lease::Lease`]) and the watchdog keeping it;
 //! - [`sink`]: where a row goes ([`sink::Sink`]) and how each answer is classified;

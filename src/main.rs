@@ -5,7 +5,7 @@ use clap::Parser;
 use outbox_relay::cli::{self, Cli, CliError};
 
 fn main() {
-    // One process-wide rustls provider before any TLS client is built (crates.md P1).
+    // One process-wide rustls provider before any TLS client is built (reqwest and sqlx are built without one, and rustls needs exactly one per process).
     outbox_relay::install_crypto_provider();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

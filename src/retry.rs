@@ -1,4 +1,4 @@
-//! The retry policy (SPEC section 6): what a sink's [`Outcome`] means for the row.
+//! The retry policy: what a sink's [`Outcome`] means for the row.
 //!
 //! Backoff is exponential with jitter: attempt `n` waits a uniformly random time between
 //! `initial_backoff` and `min(max_backoff, initial_backoff * multiplier^(n-1))`. The floor at

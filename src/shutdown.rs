@@ -1,6 +1,6 @@
 //! Turning SIGTERM and SIGINT into a [`CancellationToken`] every task watches.
 //!
-//! The first signal starts a graceful shutdown (G6); a second one, at least a second later,
+//! The first signal starts a graceful shutdown (G6 in docs/design.md); a second one, at least a second later,
 //! exits at once with code 1, for the operator who really means it. A repeat within that
 //! second is the same signal delivered twice (GNU `timeout` signals the child and its process
 //! group; some supervisors do similar) and is ignored.

@@ -590,7 +590,7 @@ fn promtool(args: &[&str], input: &str) -> Option<Output> {
 }
 
 /// The real `/metrics` output of a relay that delivered a row passes `promtool check metrics`
-/// (SPEC section 9), and carries every SPEC metric name.
+/// (the README's Metrics section), and carries every metric name the README lists.
 #[tokio::test]
 async fn metrics_output_passes_promtool_check() {
     if promtool(&["--version"], "").is_none() {
@@ -765,7 +765,7 @@ fn have_promtool() -> bool {
     false
 }
 
-/// Every metric the relay exports (SPEC section 9 plus `ordering_blocked_keys`).
+/// Every metric the relay exports (the README's Metrics section, plus `ordering_blocked_keys`).
 const METRICS: &[&str] = &[
     "deliveries_total",
     "delivery_duration_seconds",

@@ -1,4 +1,4 @@
-//! The command line (SPEC section 8). Exit codes: 0 ok, 2 usage or configuration error,
+//! The command line (the README's Commands section). Exit codes: 0 ok, 2 usage or configuration error,
 //! 1 runtime failure.
 
 mod admin;

@@ -5,7 +5,7 @@
 //!   its own (SQLite file, `database` lease, a `log` sink);
 //! - every error names the key it is about (`relay.claim_ttl: ...`), and the CLI turns it
 //!   into exit code 2;
-//! - settings that cannot be safe (guarantee G7) are refused here, before anything starts;
+//! - settings that cannot be safe (G7 in docs/design.md) are refused here, before anything starts;
 //! - secrets are [`Secret`]s and never appear in `Debug` output.
 
 pub mod duration;

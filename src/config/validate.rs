@@ -1,4 +1,4 @@
-//! Refuses configurations that cannot be safe (guarantee G7) or cannot work, naming the key.
+//! Refuses configurations that cannot be safe (G7 in docs/design.md) or cannot work, naming the key.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! bump the fencing epoch, renew every `ttl / 3`, and publish a [`LeaseState`] the relay loop
 //! reads before every claim and every send.
 //!
-//! Guarantees (SPEC section 4, G4):
+//! Guarantees (G4; docs/design.md, "Leases and fencing"):
 //! - the holder's deadline is measured on the monotonic clock from when the acquire or the
 //!   last successful renewal was *sent*, minus a drift allowance (`ttl * 1% + 2ms`), so a
 //!   holder stops believing it holds the lease no later than the backend forgets it;

@@ -1,4 +1,4 @@
-//! The relay loop (SPEC section 3), in leader or claim mode:
+//! The relay loop, in leader or claim mode (docs/design.md, "Claims" and "Results"):
 //!
 //! ```text
 //! loop:

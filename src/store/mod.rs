@@ -1,6 +1,6 @@
 //! The outbox table and the lease table, on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite.
 //!
-//! Guarantees (SPEC sections 1 to 3):
+//! Guarantees (G1, G2; docs/design.md, "Claims" and "Results"):
 //! - a claim takes only rows that are due, unclaimed or whose claim expired, and (with a
 //!   [`Fence`]) only while the stored lease epoch is still the claimer's: the database itself
 //!   refuses a stale holder (G2);
@@ -32,7 +32,7 @@ pub use sql::SqlStore;
 use crate::BoxFuture;
 use crate::sink::Delivery;
 
-/// The statuses of the state machine (SPEC section 2).
+/// The statuses of the state machine (docs/design.md, "The table and its states").
 pub const STATUSES: [&str; 4] = ["PENDING", "RETRY", "SUCCESS", "FAILED"];
 
 /// The longest `last_error` stored; longer reasons are cut (at a character boundary).

@@ -40,7 +40,7 @@ pub async fn serve(
         .await
         .map_err(|e| anyhow::anyhow!("http.listen {listen}: {e}"))?;
     let addr = listener.local_addr()?;
-    // Upkeep drains histogram buffers; without it /metrics grows stale (crates.md P12).
+    // Upkeep drains histogram buffers; without it /metrics grows stale.
     let upkeep = prom.clone();
     let upkeep_stop = stop.clone();
     tokio::spawn(async move {

@@ -1,4 +1,4 @@
-//! Logs, metrics and health. Metric names are public interface (SPEC section 9): dashboards
+//! Logs, metrics and health. Metric names are public interface (the README's Metrics section): dashboards
 //! and alerts depend on them, so they are defined here once.
 
 mod http;

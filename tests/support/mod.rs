@@ -1,7 +1,7 @@
 //! Shared test harness: which databases to run against, unique table names, the binary.
 //!
 //! Services come from `OUTBOX_RELAY_TEST_POSTGRES_URL`, `OUTBOX_RELAY_TEST_MYSQL_URL`,
-//! `OUTBOX_RELAY_TEST_REDIS_URL` (SPEC section 11 defaults). A test whose service is down is
+//! `OUTBOX_RELAY_TEST_REDIS_URL` (defaulting to the local services). A test whose service is down is
 //! skipped with a message, unless `OUTBOX_RELAY_REQUIRE_SERVICES=1` (set by `.ci/run`), which
 //! makes it fail instead.
 #![allow(dead_code)]

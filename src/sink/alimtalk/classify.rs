@@ -1,5 +1,5 @@
 //! Vendor result codes and HTTP statuses, sorted into classes and turned into [`Outcome`]s
-//! (research/sinks.md 2.1 and 2.2).
+//! (the vendors' documented result codes).
 //!
 //! | class | NHN `resultCode` | Solapi `statusCode` / `errorCode` | outcome |
 //! |---|---|---|---|

@@ -238,7 +238,7 @@ mod tests {
     use super::*;
     use crate::sink::Outcome;
 
-    /// research/sinks.md 2.2: key `test-key`, secret `test-secret`.
+    /// Solapi's documented signature example: key `test-key`, secret `test-secret`.
     #[test]
     fn matches_the_test_vector() {
         assert_eq!(

@@ -1,4 +1,4 @@
-//! Turning an HTTP answer into an [`Outcome`] (SPEC section 5, webhook): 2xx delivered;
+//! Turning an HTTP answer into an [`Outcome`]: 2xx delivered;
 //! 429 throttles the sink; 408, 409, 425 and 5xx retry, honouring `Retry-After`; 410 and every
 //! other status permanent.
 

@@ -36,7 +36,7 @@ pub fn sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
 mod tests {
     use super::*;
 
-    /// The Standard Webhooks test vector (research/sinks.md, section 3.1).
+    /// The Standard Webhooks test vector (published with the Standard Webhooks specification).
     #[test]
     fn matches_the_standard_webhooks_test_vector() {
         let key = signing_key(&Secret::new("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD")).unwrap();
