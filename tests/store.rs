@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_relay::store::{
-    ClaimRequest, ClaimedRow, Completion, Fence, MAX_ERROR_LEN, NewRow, OutboxStore, Resolution,
-    SqlStore,
+    Budgets, ClaimRequest, ClaimedRow, Completion, Fence, MAX_ERROR_LEN, NewRow, OutboxStore,
+    Resolution, SqlStore,
 };
 use sqlx::Row;
 use support::*;
@@ -330,6 +330,54 @@ async fn fencing_refuses_a_stale_epoch(db: Db) {
             .await,
         2
     );
+    td.drop_table().await;
+}
+
+per_db!(budgets_cap_each_channel);
+async fn budgets_cap_each_channel(db: Db) {
+    let Some(td) = TestDb::open(db, "st_budget").await else {
+        return;
+    };
+    let store = td.dyn_store();
+    let lease = td.table.clone();
+    // Interleaved, so that an id-ordered claim would take a mix.
+    for i in 0..30 {
+        let channel = ["a", "b", "nobody"][i % 3];
+        enqueue(&td, channel, None).await;
+    }
+    // With a fence, so its placeholders are bound along with the budgets'.
+    let epoch = bounded(
+        "lease_acquire",
+        store.lease_acquire(&lease, "a", Duration::from_secs(30)),
+    )
+    .await
+    .expect("free lease is acquired");
+    let mut req = request(100, LONG, "a", Some(Fence { lease, epoch }));
+    req.budgets = Some(Budgets {
+        channels: vec![("a".into(), 2), ("b".into(), 5)],
+        others: Some((vec!["a".into(), "b".into()], 1)),
+    });
+    let rows = bounded("claim", store.claim(&req)).await;
+    let count = |c: &str| rows.iter().filter(|r| r.delivery.channel == c).count();
+    assert_eq!(
+        (count("a"), count("b"), count("nobody")),
+        (2, 5, 1),
+        "{:?}",
+        ids(&rows)
+    );
+    // Each channel's rows are its first ones, in id order.
+    let first_a: Vec<i64> = ids(&rows)
+        .into_iter()
+        .filter(|id| {
+            rows.iter()
+                .any(|r| r.delivery.id == *id && r.delivery.channel == "a")
+        })
+        .collect();
+    let min = td.scalar("SELECT MIN(id) FROM {t}").await;
+    assert_eq!(first_a, vec![min, min + 3]);
+    // An empty budget claims nothing (and sends no statement).
+    req.budgets = Some(Budgets::default());
+    assert!(bounded("claim", store.claim(&req)).await.is_empty());
     td.drop_table().await;
 }
 

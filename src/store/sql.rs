@@ -349,6 +349,10 @@ impl OutboxStore for SqlStore {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>> {
         Box::pin(async move {
+            // Nothing asked for: no statement (an empty set of picks is not valid SQL).
+            if req.budgets.as_ref().is_some_and(|b| b.total() == 0) || req.limit == 0 {
+                return Ok(Vec::new());
+            }
             let rows = match (self.dialect, &req.budgets) {
                 (Dialect::MySql { skip_locked, .. }, Some(b)) => {
                     self.claim_budgeted_select(req, b, skip_locked).await?
@@ -359,9 +363,6 @@ impl OutboxStore for SqlStore {
                 (_, Some(b)) => self.claim_budgeted_returning(req, b).await?,
                 (_, None) => self.claim_update_returning(req).await?,
             };
-            if req.budgets.as_ref().is_some_and(|b| b.total() == 0) {
-                return Ok(Vec::new());
-            }
             let mut claimed = Vec::with_capacity(rows.len());
             for row in &rows {
                 match to_claimed(row, req) {
