@@ -13,29 +13,14 @@ use std::time::Duration;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::dialect::placeholders;
 use super::sql::{AnyQuery, SqlStore};
-use super::{Budgets, ClaimRequest, ClaimedRow, Dialect, Undeliverable, future_ms};
+use super::{ClaimRequest, ClaimedRow, Dialect, Undeliverable, future_ms};
 use crate::sink::Delivery;
 
 impl SqlStore {
-    /// The condition a row `o` must meet to be claimed: due, not under a live claim, the
-    /// head of its ordering key, and not for a channel the relay cannot serve now (its
-    /// placeholders, one per excluded channel, bind with [`bind_excluded`]).
-    fn claimable(&self, req: &ClaimRequest) -> String {
-        let excluded = if req.exclude_channels.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "AND o.channel NOT IN ({})",
-                placeholders(req.exclude_channels.len())
-            )
-        };
-        format!("{} {excluded}", self.claimable_without_exclusions())
-    }
-
-    /// [`SqlStore::claimable`] without the excluded channels (no placeholders).
-    fn claimable_without_exclusions(&self) -> String {
+    /// The condition a row `o` must meet to be claimed: due, not under a live claim, and the
+    /// head of its ordering key (no placeholders).
+    fn claimable(&self) -> String {
         let t = &self.table;
         let now = self.dialect.now();
         format!(
@@ -103,131 +88,43 @@ impl SqlStore {
         )
     }
 
-    pub(super) async fn claim_update_returning(
+    /// MySQL/MariaDB: runs `select` (a locking read of the rows to claim, id first) and one
+    /// `UPDATE` that marks them claimed, in one short transaction, under the fence.
+    async fn claim_in_transaction(
         &self,
         req: &ClaimRequest,
+        select: Sql,
     ) -> anyhow::Result<Vec<AnyRow>> {
-        let t = &self.table;
-        let d = self.dialect;
-        let (now, plus) = (d.now(), d.now_plus_ms());
-        let ttl_ms = future_ms(req.ttl);
-        let rows = if d == Dialect::Postgres {
-            let (fence_cte, fence_cond) = if req.fence.is_some() {
-                (
-                    "fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ? FOR SHARE),",
-                    "AND EXISTS (SELECT 1 FROM fence)",
-                )
-            } else {
-                ("", "")
-            };
-            let sql = format!(
-                "WITH {fence_cte} picked AS (
-                    SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
-                    ORDER BY o.id LIMIT ? FOR UPDATE OF o SKIP LOCKED)
-                 UPDATE {t} u SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
-                    updated_at = {now}
-                 FROM picked WHERE u.id = picked.id
-                 RETURNING {cols}",
-                claimable = self.claimable(req),
-                cols = self.returning_columns("u.", req)
-            );
-            let mut q = self.sql(&sql);
-            if let Some(f) = &req.fence {
-                q = q.bind(f.lease.clone()).bind(f.epoch);
-            }
-            q = bind_excluded(q, req);
-            q.bind(req.limit as i64)
-                .bind(req.claimer.clone())
-                .bind(req.token.to_string())
-                .bind(ttl_ms)
-                .fetch_all(&self.pool)
-                .await?
-        } else {
-            let fence_cond = if req.fence.is_some() {
-                "AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ? AND epoch = ?)"
-            } else {
-                ""
-            };
-            let sql = format!(
-                "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
-                    updated_at = {now}
-                 WHERE id IN (SELECT o.id FROM {t} o WHERE {claimable} {fence_cond}
-                    ORDER BY o.id LIMIT ?)
-                 RETURNING {cols}",
-                claimable = self.claimable(req),
-                cols = self.returning_columns("", req)
-            );
-            let mut q = self
-                .sql(&sql)
-                .bind(req.claimer.clone())
-                .bind(req.token.to_string())
-                .bind(ttl_ms);
-            q = bind_excluded(q, req);
-            if let Some(f) = &req.fence {
-                q = q.bind(f.lease.clone()).bind(f.epoch);
-            }
-            q.bind(req.limit as i64).fetch_all(&self.pool).await?
-        };
-        Ok(rows)
-    }
-
-    pub(super) async fn claim_select_for_update(
-        &self,
-        req: &ClaimRequest,
-        skip_locked: bool,
-    ) -> anyhow::Result<Vec<AnyRow>> {
-        let t = &self.table;
         let d = self.dialect;
         let mut tx = self.pool.begin().await?;
         if !self.fence_holds(req, &mut tx).await? {
             tx.rollback().await?;
             return Ok(Vec::new());
         }
-        let lock = if skip_locked {
-            "FOR UPDATE SKIP LOCKED"
-        } else {
-            "FOR UPDATE"
-        };
-        let sql = format!(
-            "SELECT {cols} FROM {t} o WHERE {claimable} ORDER BY o.id LIMIT ? {lock}",
-            cols = self.returning_columns("o.", req),
-            claimable = self.claimable(req)
-        );
-        let rows = bind_excluded(self.sql(&sql), req)
-            .bind(req.limit as i64)
-            .fetch_all(&mut *tx)
-            .await?;
+        let rows = select.query(self).fetch_all(&mut *tx).await?;
         if rows.is_empty() {
             tx.commit().await?;
             return Ok(rows);
         }
-        let update = format!(
-            "UPDATE {t} SET claimed_by = ?, claim_token = ?, claimed_until = {plus},
-                updated_at = {now} WHERE id IN ({ids})",
-            plus = d.now_plus_ms(),
-            now = d.now(),
-            ids = placeholders(rows.len())
-        );
-        let mut q = self
-            .sql(&update)
-            .bind(req.claimer.clone())
-            .bind(req.token.to_string())
-            .bind(future_ms(req.ttl));
-        for r in &rows {
-            q = q.bind(r.try_get::<i64, _>(0)?);
+        let mut u = Sql::default();
+        u.push(&format!("UPDATE {} SET claimed_by = ", self.table))
+            .text(&req.claimer)
+            .push(", claim_token = ")
+            .text(&req.token)
+            .push(", claimed_until = ");
+        push_now_plus(&mut u, d, req.ttl);
+        u.push(&format!(", updated_at = {} WHERE id IN (", d.now()));
+        for (i, r) in rows.iter().enumerate() {
+            if i > 0 {
+                u.push(", ");
+            }
+            u.int(r.try_get::<i64, _>(0)?);
         }
-        q.execute(&mut *tx).await?;
+        u.push(")");
+        u.query(self).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(rows)
     }
-}
-
-/// Binds the channels [`SqlStore::claimable`] excludes, in order.
-fn bind_excluded<'q>(mut q: AnyQuery<'q>, req: &ClaimRequest) -> AnyQuery<'q> {
-    for c in &req.exclude_channels {
-        q = q.bind(c.clone());
-    }
-    q
 }
 
 /// What the claim returns, by position (see [`SqlStore::returning_columns`]); the last two
@@ -397,6 +294,13 @@ impl Sql {
         self
     }
 
+    /// Appends another statement part, text and values.
+    pub(super) fn append(&mut self, other: Sql) -> &mut Sql {
+        self.text.push_str(&other.text);
+        self.args.extend(other.args);
+        self
+    }
+
     pub(super) fn query(self, store: &SqlStore) -> AnyQuery<'static> {
         let mut q = store.sql(&self.text);
         for a in self.args {
@@ -410,65 +314,48 @@ impl Sql {
 }
 
 impl SqlStore {
-    /// One pick per budget: the ids of up to `n` claimable rows of one channel (or of the
-    /// channels no sink serves), in id order. `lock` is appended to each pick (PostgreSQL:
-    /// `FOR UPDATE OF o SKIP LOCKED`), `fence` is a condition added to each.
-    fn picks(
-        &self,
-        req: &ClaimRequest,
-        budgets: &Budgets,
-        cols: &str,
-        lock: &str,
-        fence: &Fence,
-    ) -> Vec<Sql> {
-        let t = &self.table;
-        let claimable = self.claimable_without_exclusions();
-        let mut picks = Vec::new();
-        let mut pick = |channel: &dyn Fn(&mut Sql), n: u32| {
-            let mut q = Sql::default();
-            q.push(&format!("SELECT {cols} FROM {t} o WHERE {claimable} AND "));
-            channel(&mut q);
-            fence.add(&mut q, req);
-            q.push(" ORDER BY o.id LIMIT ")
-                .int(n as i64)
-                .push(" ")
-                .push(lock);
-            picks.push(q);
+    /// One pick per budget: the ids (or `cols`) of up to `n` claimable rows of one channel,
+    /// or of every channel but some, in id order. `lock` is appended to each pick
+    /// (PostgreSQL: `FOR UPDATE OF o SKIP LOCKED`), `fence` adds its condition to each. A
+    /// request without budgets is one pick of `limit` rows of any channel not excluded.
+    fn picks(&self, req: &ClaimRequest, cols: &str, lock: &str, fence: &Fence) -> Vec<Sql> {
+        let filters: Vec<(Filter, u32)> = match &req.budgets {
+            Some(b) => b
+                .channels
+                .iter()
+                .map(|(c, n)| (Filter::Channel(c), *n))
+                .chain(b.others.iter().map(|(known, n)| (Filter::NotIn(known), *n)))
+                .collect(),
+            None => vec![(Filter::NotIn(&req.exclude_channels), req.limit)],
         };
-        for (channel, n) in &budgets.channels {
-            pick(
-                &|q: &mut Sql| {
-                    q.push("o.channel = ").text(channel);
-                },
-                *n,
-            );
-        }
-        if let Some((known, n)) = &budgets.others {
-            if known.is_empty() {
-                pick(
-                    &|q: &mut Sql| {
-                        q.push("1 = 1");
-                    },
-                    *n,
-                );
-            } else {
-                pick(
-                    &|q: &mut Sql| {
-                        q.push("o.channel NOT IN (").texts(known).push(")");
-                    },
-                    *n,
-                );
-            }
-        }
-        picks
+        let t = &self.table;
+        let claimable = self.claimable();
+        filters
+            .into_iter()
+            .map(|(filter, n)| {
+                let mut q = Sql::default();
+                q.push(&format!("SELECT {cols} FROM {t} o WHERE {claimable}"));
+                match filter {
+                    Filter::Channel(c) => {
+                        q.push(" AND o.channel = ").text(c);
+                    }
+                    Filter::NotIn([]) => {}
+                    Filter::NotIn(cs) => {
+                        q.push(" AND o.channel NOT IN (").texts(cs).push(")");
+                    }
+                }
+                fence.add(&mut q, req);
+                q.push(" ORDER BY o.id LIMIT ")
+                    .int(n as i64)
+                    .push(" ")
+                    .push(lock);
+                q
+            })
+            .collect()
     }
 
     /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING`.
-    pub(super) async fn claim_budgeted_returning(
-        &self,
-        req: &ClaimRequest,
-        budgets: &Budgets,
-    ) -> anyhow::Result<Vec<AnyRow>> {
+    pub(super) async fn claim_returning(&self, req: &ClaimRequest) -> anyhow::Result<Vec<AnyRow>> {
         let t = &self.table;
         let d = self.dialect;
         let pg = d == Dialect::Postgres;
@@ -496,16 +383,13 @@ impl SqlStore {
         } else {
             ""
         };
-        let picks = self.picks(req, budgets, "o.id", lock, &fence);
+        let picks = self.picks(req, "o.id", lock, &fence);
         let names: Vec<String> = (0..picks.len()).map(|i| format!("p{i}")).collect();
         for (i, p) in picks.into_iter().enumerate() {
             if i > 0 {
                 q.push(", ");
             }
-            q.push(&format!("p{i} AS ("));
-            q.text.push_str(&p.text);
-            q.args.extend(p.args);
-            q.push(")");
+            q.push(&format!("p{i} AS (")).append(p).push(")");
         }
         let union = names
             .iter()
@@ -539,62 +423,36 @@ impl SqlStore {
 
     /// MySQL/MariaDB: the picks as one `UNION ALL` of locking reads, then one `UPDATE`, in
     /// one transaction (no UPDATE ... RETURNING).
-    pub(super) async fn claim_budgeted_select(
+    pub(super) async fn claim_select(
         &self,
         req: &ClaimRequest,
-        budgets: &Budgets,
         skip_locked: bool,
     ) -> anyhow::Result<Vec<AnyRow>> {
-        let t = &self.table;
-        let d = self.dialect;
-        let mut tx = self.pool.begin().await?;
-        if !self.fence_holds(req, &mut tx).await? {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        let lock = if skip_locked {
-            "FOR UPDATE SKIP LOCKED"
-        } else {
-            "FOR UPDATE"
-        };
         let cols = self.returning_columns("o.", req);
-        let mut q = Sql::default();
+        let lock = lock_clause(skip_locked);
+        let mut select = Sql::default();
         for (i, p) in self
-            .picks(req, budgets, &cols, lock, &Fence::None)
+            .picks(req, &cols, lock, &Fence::None)
             .into_iter()
             .enumerate()
         {
             if i > 0 {
-                q.push(" UNION ALL ");
+                select.push(" UNION ALL ");
             }
-            q.push("(");
-            q.text.push_str(&p.text);
-            q.args.extend(p.args);
-            q.push(")");
+            select.push("(");
+            select.append(p);
+            select.push(")");
         }
-        let rows = q.query(self).fetch_all(&mut *tx).await?;
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(rows);
-        }
-        let mut u = Sql::default();
-        u.push(&format!("UPDATE {t} SET claimed_by = "))
-            .text(&req.claimer)
-            .push(", claim_token = ")
-            .text(&req.token)
-            .push(", claimed_until = ");
-        push_now_plus(&mut u, d, req.ttl);
-        u.push(&format!(", updated_at = {} WHERE id IN (", d.now()));
-        for (i, r) in rows.iter().enumerate() {
-            if i > 0 {
-                u.push(", ");
-            }
-            u.int(r.try_get::<i64, _>(0)?);
-        }
-        u.push(")");
-        u.query(self).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(rows)
+        self.claim_in_transaction(req, select).await
+    }
+}
+
+/// MySQL/MariaDB's locking clause: `SKIP LOCKED` where the server has it.
+fn lock_clause(skip_locked: bool) -> &'static str {
+    if skip_locked {
+        "FOR UPDATE SKIP LOCKED"
+    } else {
+        "FOR UPDATE"
     }
 }
 
@@ -603,6 +461,13 @@ fn push_now_plus(q: &mut Sql, d: Dialect, ttl: Duration) {
     let expr = d.now_plus_ms();
     let (before, after) = expr.split_once('?').unwrap_or((expr, ""));
     q.push(before).int(future_ms(ttl)).push(after);
+}
+
+/// Which channels one pick takes.
+enum Filter<'a> {
+    Channel(&'a str),
+    /// Every channel but these (none: every channel).
+    NotIn(&'a [String]),
 }
 
 /// How a pick is fenced on the lease epoch.

@@ -353,15 +353,9 @@ impl OutboxStore for SqlStore {
             if req.budgets.as_ref().is_some_and(|b| b.total() == 0) || req.limit == 0 {
                 return Ok(Vec::new());
             }
-            let rows = match (self.dialect, &req.budgets) {
-                (Dialect::MySql { skip_locked, .. }, Some(b)) => {
-                    self.claim_budgeted_select(req, b, skip_locked).await?
-                }
-                (Dialect::MySql { skip_locked, .. }, None) => {
-                    self.claim_select_for_update(req, skip_locked).await?
-                }
-                (_, Some(b)) => self.claim_budgeted_returning(req, b).await?,
-                (_, None) => self.claim_update_returning(req).await?,
+            let rows = match self.dialect {
+                Dialect::MySql { skip_locked, .. } => self.claim_select(req, skip_locked).await?,
+                _ => self.claim_returning(req).await?,
             };
             let mut claimed = Vec::with_capacity(rows.len());
             for row in &rows {
