@@ -62,8 +62,8 @@ pub trait Lease: Send + Sync {
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()>;
     /// A cheap round trip to the backend, for `/readyz`.
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
-    /// Resolves when the backend's connection was re-established (the hold may have lapsed
-    /// meanwhile, unseen). Never, for backends without a connection of their own.
+    /// Resolves when the backend's connection is next re-established (the hold may have
+    /// lapsed meanwhile, unseen). Never, for backends without a connection of their own.
     fn reconnected(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::pending())
     }

@@ -21,9 +21,7 @@ use fred::clients::SubscriberClient;
 use fred::prelude::*;
 use fred::types::Message;
 use fred::types::scripts::Script;
-use std::sync::Arc;
-
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use super::{Grant, Held, Lease};
@@ -63,9 +61,10 @@ pub(super) struct RedisNode {
     /// Fail a command at once while the connection is down, instead of queueing it until the
     /// command timeout (for Redlock: a dead node must not slow down every operation).
     fail_fast: bool,
-    /// Notified on every re-established command connection (a permit is kept if nobody
-    /// waits, so a reconnection is never missed).
-    reconnected: Arc<Notify>,
+    /// Counts re-established command connections; [`RedisNode::reconnected`] waits for the
+    /// next one (one that happened before the wait began is not reported: a reconnection
+    /// while standing by says nothing about a hold taken later).
+    reconnections: watch::Sender<u64>,
 }
 
 impl RedisNode {
@@ -98,13 +97,13 @@ impl RedisNode {
             tracing::warn!(server = ?server, error = %e, "redis connection error");
             Ok(())
         });
-        let reconnected = Arc::new(Notify::new());
-        let notify = reconnected.clone();
+        let reconnections = watch::Sender::new(0u64);
+        let counter = reconnections.clone();
         client.on_reconnect(move |server| {
-            let notify = notify.clone();
+            let counter = counter.clone();
             async move {
                 tracing::info!(server = %server, "redis connection re-established");
-                notify.notify_one();
+                counter.send_modify(|n| *n += 1);
                 Ok(())
             }
         });
@@ -135,7 +134,7 @@ impl RedisNode {
             release: Script::from_lua(RELEASE),
             discard: Script::from_lua(DISCARD),
             fail_fast,
-            reconnected,
+            reconnections,
         })
     }
 
@@ -145,6 +144,14 @@ impl RedisNode {
             anyhow::bail!("not connected");
         }
         Ok(())
+    }
+
+    /// Resolves at the next re-established connection.
+    pub(super) async fn reconnected(&self) {
+        let mut rx = self.reconnections.subscribe();
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// `<key>:released`.
@@ -307,7 +314,7 @@ impl Lease for RedisLease {
     }
 
     fn reconnected(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.node.reconnected.notified())
+        Box::pin(self.node.reconnected())
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
