@@ -427,17 +427,22 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
     let h = only_sender(&rx.requests(), t0, "after the foreign key expired");
     assert_holder(&mut nodes, &td, &lease, &relays, &h).await;
 
-    // The relay's key keeps a foreign client out on every node.
+    // The relay's key keeps a foreign Redlock client out: its SET NX fails on a majority.
+    // (Not necessarily on every node: when the standbys raced for the lease, the winner may
+    // have found a node still holding a loser's key, and a grant needs only a quorum.)
+    let mut refused = 0;
     for n in &nodes {
         let r = n
             .cmd(&["SET", &lease, "other", "NX", "PX", "3000"])
             .await
             .expect("SET");
-        assert!(
-            r.is_nil(),
-            "a foreign SET NX must fail while the relay holds: {r:?}"
-        );
+        refused += usize::from(r.is_nil());
     }
+    assert!(
+        refused >= nodes.len() / 2 + 1,
+        "a foreign SET NX must fail on a majority while the relay holds: refused on {refused} of {}",
+        nodes.len()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
