@@ -140,13 +140,14 @@ async fn undecodable_rows_fail_alone(db: Db) {
     if db == Db::Sqlite {
         // What applications write into SQLite's untyped columns: a BLOB payload (Python's
         // sqlite3 for `bytes`), text that is not UTF-8, a BLOB recipient, a text attempts
-        // count, a BLOB channel.
+        // count, a BLOB channel, a next_attempt_at that is not a time (it would never be due).
         for (col, value) in [
             ("payload", "X'7B226E223A317D'"),
             ("payload", "CAST(X'7B226E223AFF7D' AS TEXT)"),
             ("recipient", "X'3031303132333435'"),
             ("attempts", "'many'"),
             ("channel", "X'686F6F6B'"),
+            ("next_attempt_at", "'tomorrow'"),
         ] {
             let (channel, payload) = match col {
                 "payload" => ("'hook'".to_string(), value.to_string()),
@@ -154,11 +155,11 @@ async fn undecodable_rows_fail_alone(db: Db) {
                 _ => ("'hook'".to_string(), r#"'{"n":0}'"#.to_string()),
             };
             let extra = match col {
-                "recipient" | "attempts" => format!(", {col}"),
+                "recipient" | "attempts" | "next_attempt_at" => format!(", {col}"),
                 _ => String::new(),
             };
             let extra_value = match col {
-                "recipient" | "attempts" => format!(", {value}"),
+                "recipient" | "attempts" | "next_attempt_at" => format!(", {value}"),
                 _ => String::new(),
             };
             td.exec(&format!(

@@ -23,8 +23,9 @@ impl SqlStore {
     fn claimable(&self) -> String {
         let t = &self.table;
         let now = self.dialect.now();
+        let due = self.dialect.due("o.next_attempt_at");
         format!(
-            "o.status IN ('PENDING', 'RETRY') AND o.next_attempt_at <= {now}
+            "o.status IN ('PENDING', 'RETRY') AND {due}
              AND (o.claimed_until IS NULL OR o.claimed_until < {now})
              AND (o.ordering_key IS NULL OR NOT EXISTS (
                  SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key AND p.id < o.id
@@ -84,7 +85,7 @@ impl SqlStore {
             d.claim_text(&c("recipient")),
             d.age_ms(&c("created_at")),
             d.claim_text(&c("ordering_key")),
-            d.storage_classes(&classes),
+            d.storage_classes(&classes, &[c("next_attempt_at")]),
         )
     }
 
@@ -129,7 +130,7 @@ impl SqlStore {
 
 /// What the claim returns, by position (see [`SqlStore::returning_columns`]); the last two
 /// are the payload's length and, on SQLite, the storage classes of channel, recipient,
-/// payload, ordering_key and attempts.
+/// payload, ordering_key and attempts, and whether next_attempt_at holds a time.
 const COLUMNS: [&str; 7] = [
     "id",
     "channel",
@@ -157,6 +158,7 @@ pub(super) fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<Cla
             ("payload", "text"),
             ("ordering_key", "text"),
             ("attempts", "integer"),
+            ("next_attempt_at", "time"),
         ];
         for ((name, want), got) in expected.iter().zip(classes.split(',')) {
             if got != *want && got != "null" {

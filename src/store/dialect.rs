@@ -102,17 +102,34 @@ impl Dialect {
         }
     }
 
-    /// SQLite's storage classes of the given columns, comma-separated (`text,null,...`): its
-    /// columns take any type whatever the schema says (an application may store a BLOB or an
-    /// integer in a TEXT column). NULL on the other databases, whose columns are typed.
-    pub fn storage_classes(self, cols: &[String]) -> String {
+    /// SQLite's storage classes of the given columns, then whether each of `times` holds a
+    /// time, comma-separated (`text,null,...,time`): its columns take any type whatever the
+    /// schema says (an application may store a BLOB or an integer in a TEXT column). NULL on
+    /// the other databases, whose columns are typed.
+    pub fn storage_classes(self, cols: &[String], times: &[String]) -> String {
         match self {
             Dialect::Sqlite => cols
                 .iter()
                 .map(|c| format!("typeof({c})"))
+                .chain(times.iter().map(|c| {
+                    format!("CASE WHEN julianday({c}) IS NULL THEN 'text that is not a time' ELSE 'time' END")
+                }))
                 .collect::<Vec<_>>()
                 .join(" || ',' || "),
             _ => "NULL".to_string(),
+        }
+    }
+
+    /// The condition that the time in `col` has come. On SQLite a value that is not a time
+    /// at all (an application's typo) counts as due, so that the row is claimed and failed
+    /// naming the column instead of waiting for ever.
+    pub fn due(self, col: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!(
+                "({col} <= {now} OR julianday({col}) IS NULL)",
+                now = self.now()
+            ),
+            _ => format!("{col} <= {}", self.now()),
         }
     }
 
