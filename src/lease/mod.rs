@@ -102,6 +102,15 @@ impl LeaseState {
     }
 }
 
+/// [`LeaseState::Held`], as the keeper publishes it.
+fn held(epoch: i64, deadline: Instant, confirmed: bool) -> LeaseState {
+    LeaseState::Held {
+        epoch,
+        deadline,
+        confirmed,
+    }
+}
+
 /// What a backend remembers while it believes it holds the lease (its holder token, and for
 /// the database backend the epoch): set on acquire, cleared on loss or release.
 pub(crate) struct Held<T>(std::sync::Mutex<Option<T>>);
@@ -237,14 +246,7 @@ async fn run(
         metrics::counter!("outbox_relay_lease_acquisitions_total").increment(1);
         metrics::gauge!("outbox_relay_lease_epoch").set(epoch as f64);
         tracing::info!(lease = lease.name(), holder = %lease.holder(), epoch, "lease acquired");
-        publish(
-            &tx,
-            LeaseState::Held {
-                epoch,
-                deadline,
-                confirmed: true,
-            },
-        );
+        publish(&tx, held(epoch, deadline, true));
 
         // The watchdog: renew every ttl/3 (sooner after a failed renewal).
         let mut next = grant.sent_at + ttl / 3;
@@ -256,7 +258,7 @@ async fn run(
                     // The backend's connection was re-established: whether the hold survived
                     // is unknown until a renewal confirms it; claim nothing new until then.
                     tracing::info!(lease = lease.name(), "lease backend reconnected; confirming the hold before claiming again");
-                    publish(&tx, LeaseState::Held { epoch, deadline, confirmed: false });
+                    publish(&tx, held(epoch, deadline, false));
                 }
             }
             if Instant::now() >= deadline {
@@ -269,14 +271,7 @@ async fn run(
                         .increment(1);
                     deadline = sent + ttl - drift(ttl);
                     next = sent + ttl / 3;
-                    publish(
-                        &tx,
-                        LeaseState::Held {
-                            epoch,
-                            deadline,
-                            confirmed: true,
-                        },
-                    );
+                    publish(&tx, held(epoch, deadline, true));
                 }
                 Ok(Ok(false)) => {
                     metrics::counter!("outbox_relay_lease_renewals_total", "result" => "rejected")
@@ -288,28 +283,14 @@ async fn run(
                         .increment(1);
                     tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed; retrying");
                     next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
-                    publish(
-                        &tx,
-                        LeaseState::Held {
-                            epoch,
-                            deadline,
-                            confirmed: false,
-                        },
-                    );
+                    publish(&tx, held(epoch, deadline, false));
                 }
                 Err(_) => {
                     metrics::counter!("outbox_relay_lease_renewals_total", "result" => "timeout")
                         .increment(1);
                     tracing::warn!(lease = lease.name(), "lease renewal timed out; retrying");
                     next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
-                    publish(
-                        &tx,
-                        LeaseState::Held {
-                            epoch,
-                            deadline,
-                            confirmed: false,
-                        },
-                    );
+                    publish(&tx, held(epoch, deadline, false));
                 }
             }
         };
