@@ -56,7 +56,7 @@ use axum::http::StatusCode;
 use outbox_relay::config::Settings;
 use outbox_relay::relay::Relay;
 use outbox_relay::sink::SinkRegistry;
-use outbox_relay::store::{self, Dialect, OutboxStore, SqlStore};
+use outbox_relay::store::{self, Dialect, SqlStore};
 use outbox_relay::telemetry::Health;
 use sqlx::{Connection, Row};
 use tokio::sync::Notify;
@@ -628,7 +628,7 @@ async fn relay_run_on(
         ));
     }
     let relay = Relay {
-        store: store.clone() as Arc<dyn OutboxStore>,
+        store: store.clone() as Arc<SqlStore>,
         sinks,
         settings: settings.relay.clone(),
         lease: None,
@@ -1241,7 +1241,7 @@ async fn claim_run_on(
         let health = Arc::new(Health::default());
         health.set_database(true);
         relays.push(Relay {
-            store: store.clone() as Arc<dyn OutboxStore>,
+            store: store.clone() as Arc<SqlStore>,
             sinks,
             settings: settings.relay.clone(),
             lease: None,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RetentionSettings;
-use crate::store::{Finished, OutboxStore, STATUSES};
+use crate::store::{Finished, LeaseTable, STATUSES, SqlStore};
 
 /// How often the table is sampled for the gauges.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
@@ -25,7 +25,7 @@ pub const PURGE_BATCH: u32 = 500;
 const RETENTION_LEASE: Duration = Duration::from_secs(300);
 
 /// Samples the table every [`SAMPLE_EVERY`] until `stop`.
-pub async fn sample_loop(store: Arc<dyn OutboxStore>, stop: CancellationToken) {
+pub async fn sample_loop(store: Arc<SqlStore>, stop: CancellationToken) {
     loop {
         match store.sample().await {
             Ok(s) => {
@@ -53,7 +53,7 @@ pub async fn sample_loop(store: Arc<dyn OutboxStore>, stop: CancellationToken) {
 
 /// Deletes rows older than the retention settings, every [`RETENTION_EVERY`], until `stop`.
 pub async fn retention_loop(
-    store: Arc<dyn OutboxStore>,
+    store: Arc<SqlStore>,
     retention: RetentionSettings,
     lease_name: String,
     holder: String,
@@ -95,7 +95,7 @@ pub async fn retention_loop(
 /// Deletes every row matching `rules`, batch by batch, until none is left, `stop`, or
 /// `budget` has passed. Returns the rows deleted.
 pub async fn purge_all(
-    store: &dyn OutboxStore,
+    store: &SqlStore,
     rules: &[(Finished, Duration)],
     stop: &CancellationToken,
     budget: Duration,

@@ -3,7 +3,7 @@
 //!
 //! The crate is split along the seams of the design (docs/design.md, which also defines the
 //! guarantees G1-G7 that comments refer to):
-//! - [`store`]: the outbox table and its claims ([`store::OutboxStore`]);
+//! - [`store`]: the outbox table and its claims ([`store::Queue`], [`store::LeaseTable`]);
 //! - [`lease`]: who may claim in leader mode ([`lease::Lease`]) and the watchdog keeping it;
 //! - [`sink`]: where a row goes ([`sink::Sink`]) and how each answer is classified;
 //! - [`relay`]: the loop tying them together;

@@ -13,7 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use outbox_relay::housekeeping::{self, PURGE_BATCH};
-use outbox_relay::store::{Finished, NewRow, OutboxStore};
+use outbox_relay::store::{Finished, LeaseTable, NewRow};
 use support::process::*;
 use support::*;
 use tokio_util::sync::CancellationToken;

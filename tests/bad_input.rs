@@ -609,9 +609,7 @@ async fn two_tables_default_lease_names(db: Db) {
         outbox_relay::store::SqlStore::connect(&td.url, &other, 2, Duration::from_secs(5))
             .await
             .expect("connect");
-    outbox_relay::store::OutboxStore::migrate(&store_b)
-        .await
-        .expect("migrate");
+    store_b.migrate().await.expect("migrate");
     let rx = Receiver::start(None).await;
     let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
     let mut relays = Vec::new();

@@ -12,7 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use outbox_relay::store::{NewRow, OutboxStore};
+use outbox_relay::store::NewRow;
 use sqlx::Row;
 use support::process::*;
 use support::receiver::{Receiver, Reply};

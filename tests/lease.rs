@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_relay::lease::{DatabaseLease, Keeper, Lease, LeaseState};
-use outbox_relay::store::{OutboxStore, SqlStore};
+use outbox_relay::store::{LeaseTable, SqlStore};
 use support::*;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 /// A second store on the same database and table: another relay instance.
-async fn second_store(td: &TestDb) -> Arc<dyn OutboxStore> {
+async fn second_store(td: &TestDb) -> Arc<SqlStore> {
     Arc::new(
         SqlStore::connect(&td.url, &td.table, 4, Duration::from_secs(5))
             .await

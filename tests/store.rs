@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_relay::store::{
-    Budgets, ClaimRequest, ClaimedRow, Completion, Fence, MAX_ERROR_LEN, NewRow, OutboxStore,
+    Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, MAX_ERROR_LEN, NewRow, Queue,
     Resolution, SqlStore,
 };
 use sqlx::Row;
@@ -34,7 +34,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
 
 /// Claims with a fresh token; returns the request (for its token) and the rows.
 async fn claim(
-    store: &dyn OutboxStore,
+    store: &dyn Queue,
     limit: u32,
     ttl: Duration,
     claimer: &str,
@@ -106,7 +106,7 @@ fn completion(req: &ClaimRequest, id: i64, resolution: Resolution) -> Completion
     }
 }
 
-async fn complete(store: &dyn OutboxStore, done: &[Completion]) -> u64 {
+async fn complete(store: &dyn Queue, done: &[Completion]) -> u64 {
     bounded("complete", store.complete(done)).await
 }
 

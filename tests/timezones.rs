@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use outbox_relay::store::{ClaimRequest, OutboxStore, SqlStore};
+use outbox_relay::store::{ClaimRequest, Queue, SqlStore};
 use sqlx::{Connection, Executor};
 use support::process::*;
 use support::receiver::Receiver;

@@ -5,11 +5,11 @@ use std::sync::Arc;
 use super::{CliError, PurgeStatus, say};
 use crate::config::{Settings, duration};
 use crate::housekeeping;
-use crate::store::{self, Finished, NewRow, OutboxStore, Requeue};
+use crate::store::{self, Finished, NewRow, Requeue, SqlStore};
 
 /// Opens the store. The embedded SQLite default is also migrated, so `enqueue` and `status`
 /// work on a fresh checkout before `run` ever started.
-pub(super) async fn open(settings: &Settings) -> Result<Arc<dyn OutboxStore>, CliError> {
+pub(super) async fn open(settings: &Settings) -> Result<Arc<SqlStore>, CliError> {
     let db = &settings.database;
     let store = store::connect(db.url.expose(), &db.table, 2, db.connect_timeout)
         .await

@@ -15,7 +15,7 @@ use crate::housekeeping;
 use crate::lease::{DatabaseLease, Keeper, Lease, RedisLease, RedlockLease};
 use crate::relay::Relay;
 use crate::sink::SinkRegistry;
-use crate::store::{self, Dialect, OutboxStore};
+use crate::store::{self, Dialect, SqlStore};
 use crate::telemetry::{self, Health};
 
 pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
@@ -30,7 +30,7 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
         SinkRegistry::build(&settings).map_err(|e| CliError::Usage(format!("sinks: {e}")))?,
     );
 
-    let store_cell: Arc<OnceCell<Arc<dyn OutboxStore>>> = Arc::new(OnceCell::new());
+    let store_cell: Arc<OnceCell<Arc<SqlStore>>> = Arc::new(OnceCell::new());
     let lease_cell: Arc<OnceCell<Arc<dyn Lease>>> = Arc::new(OnceCell::new());
     let http_stop = CancellationToken::new();
     if !settings.http.listen.is_empty() {
@@ -143,7 +143,7 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
 async fn connect(
     settings: &Settings,
     shutdown: &CancellationToken,
-) -> Result<Option<Arc<dyn OutboxStore>>, CliError> {
+) -> Result<Option<Arc<SqlStore>>, CliError> {
     let db = &settings.database;
     let mut wait = Duration::from_millis(500);
     loop {

@@ -9,11 +9,11 @@ use tokio::time::Instant;
 
 use super::{Grant, Held, Lease};
 use crate::BoxFuture;
-use crate::store::OutboxStore;
+use crate::store::LeaseTable;
 
 /// A lease kept in the outbox database.
 pub struct DatabaseLease {
-    store: Arc<dyn OutboxStore>,
+    store: Arc<dyn LeaseTable>,
     /// The row's name.
     name: String,
     /// This instance's id; the holder token is `<instance_id>#<random>` per acquisition.
@@ -24,7 +24,7 @@ pub struct DatabaseLease {
 }
 
 impl DatabaseLease {
-    pub fn new(store: Arc<dyn OutboxStore>, name: &str, instance_id: &str, ttl: Duration) -> Self {
+    pub fn new(store: Arc<dyn LeaseTable>, name: &str, instance_id: &str, ttl: Duration) -> Self {
         DatabaseLease {
             store,
             name: name.to_string(),

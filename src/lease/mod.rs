@@ -31,7 +31,7 @@ pub use redis::RedisLease;
 pub use redlock::RedlockLease;
 
 use crate::BoxFuture;
-use crate::store::{Fence, OutboxStore};
+use crate::store::{Fence, LeaseTable};
 
 /// What a successful acquire returns.
 #[derive(Debug, Clone, Copy)]
@@ -153,7 +153,7 @@ impl Keeper {
     /// Starts the keeper task. `renew_timeout` bounds each acquire and renew round trip.
     pub fn start(
         lease: Arc<dyn Lease>,
-        store: Arc<dyn OutboxStore>,
+        store: Arc<dyn LeaseTable>,
         renew_timeout: Duration,
     ) -> Keeper {
         let (tx, rx) = watch::channel(LeaseState::Standby);
@@ -188,7 +188,7 @@ fn publish(tx: &watch::Sender<LeaseState>, state: LeaseState) {
 
 async fn run(
     lease: Arc<dyn Lease>,
-    store: Arc<dyn OutboxStore>,
+    store: Arc<dyn LeaseTable>,
     renew_timeout: Duration,
     tx: watch::Sender<LeaseState>,
     stop: CancellationToken,

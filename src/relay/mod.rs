@@ -33,7 +33,7 @@ pub use recorder::{Recorder, RecorderHandle};
 use crate::config::{Mode, RelaySettings};
 use crate::lease::{LeaseState, drift};
 use crate::sink::SinkRegistry;
-use crate::store::{ClaimRequest, OutboxStore};
+use crate::store::{ClaimRequest, Queue};
 use crate::telemetry::Health;
 
 /// How far ahead a rate-limited sink's budget looks: rows it cannot start within this are
@@ -48,7 +48,7 @@ const OTHERS_EVERY: Duration = Duration::from_secs(2);
 
 /// Everything the loop needs.
 pub struct Relay {
-    pub store: Arc<dyn OutboxStore>,
+    pub store: Arc<dyn Queue>,
     pub sinks: Arc<SinkRegistry>,
     pub settings: RelaySettings,
     /// The lease's name (fence key) and state, in leader mode with a lease backend.

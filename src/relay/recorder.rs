@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 
-use crate::store::{Completion, Incomplete, OutboxStore, Resolution, is_transient};
+use crate::store::{Completion, Incomplete, Queue, Resolution, is_transient};
 
 /// Most completions written in one go.
 const FLUSH_ROWS: usize = 256;
@@ -68,7 +68,7 @@ impl Recorder {
     /// Starts the recorder. After writing results of rows with an ordering key it wakes
     /// `written` (the relay loop): the next row of each such key may now be claimable, and the
     /// loop should not sleep a whole poll interval before looking.
-    pub fn start(store: Arc<dyn OutboxStore>, written: Arc<Notify>) -> Recorder {
+    pub fn start(store: Arc<dyn Queue>, written: Arc<Notify>) -> Recorder {
         let (tx, rx) = mpsc::unbounded_channel();
         let task = tokio::spawn(run(store, rx, written));
         Recorder {
@@ -94,11 +94,7 @@ impl Recorder {
     }
 }
 
-async fn run(
-    store: Arc<dyn OutboxStore>,
-    mut rx: mpsc::UnboundedReceiver<Entry>,
-    written: Arc<Notify>,
-) {
+async fn run(store: Arc<dyn Queue>, mut rx: mpsc::UnboundedReceiver<Entry>, written: Arc<Notify>) {
     let mut buf: Vec<Entry> = Vec::with_capacity(FLUSH_ROWS);
     let mut open = true;
     while open || !buf.is_empty() {
@@ -152,7 +148,7 @@ struct Written {
 
 /// Writes `batch`: retries transient failures, isolates refused rows. Returns when every
 /// result is either written or given up on (a refused row whose fallback was refused too).
-async fn write(store: &dyn OutboxStore, batch: Vec<Completion>) -> Written {
+async fn write(store: &dyn Queue, batch: Vec<Completion>) -> Written {
     let mut out = Written::default();
     // Work list of sub-batches still to write; a refused batch is replaced by its halves.
     let mut work = vec![batch];

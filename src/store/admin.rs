@@ -18,7 +18,8 @@ use super::{
 const REQUEUE_BATCH: i64 = 1000;
 
 impl SqlStore {
-    pub(super) async fn status_report(&self, lease: &str) -> anyhow::Result<StatusReport> {
+    /// Counts and ages for `status`; `lease` names the lease row to show.
+    pub async fn status(&self, lease: &str) -> anyhow::Result<StatusReport> {
         let t = &self.table;
         let d = self.dialect;
         let counts = self
@@ -87,7 +88,8 @@ impl SqlStore {
             .try_get::<Option<i64>, _>(0)?)
     }
 
-    pub(super) async fn failed_rows(
+    /// FAILED rows, newest first.
+    pub async fn failed(
         &self,
         limit: u32,
         channel: Option<&str>,
@@ -141,7 +143,8 @@ impl SqlStore {
         )
     }
 
-    pub(super) async fn requeue_rows(
+    /// Puts FAILED rows back to PENDING (attempts reset); other rows are left alone.
+    pub async fn requeue(
         &self,
         selection: &Requeue,
         dry_run: bool,
@@ -254,7 +257,8 @@ impl SqlStore {
         Ok(report)
     }
 
-    pub(super) async fn purge_batch(
+    /// Deletes up to `batch` rows of `status` last updated more than `older_than` ago.
+    pub async fn purge(
         &self,
         status: Finished,
         older_than: Duration,
@@ -291,7 +295,8 @@ impl SqlStore {
         .rows_affected())
     }
 
-    pub(super) async fn sample_table(&self) -> anyhow::Result<Sample> {
+    /// Counts for the table gauges.
+    pub async fn sample(&self) -> anyhow::Result<Sample> {
         let t = &self.table;
         let by_status = self
             .sql(&format!("SELECT status, COUNT(*) FROM {t} GROUP BY status"))

@@ -1,5 +1,6 @@
-//! Claiming rows: the claim statements of the three databases and the per-row decoding of
-//! what they return.
+//! Claiming rows: what a claim picks (the same on every database), the `UPDATE ... RETURNING`
+//! claim of PostgreSQL and SQLite (MySQL's is in `mysql.rs`), and the per-row decoding of what
+//! claims return.
 //!
 //! Guarantees: a claim takes only due rows that are not under a live claim and are the head
 //! of their ordering key, in id order, and (with a fence) only while the lease epoch is still
@@ -13,8 +14,9 @@ use std::time::Duration;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::sql::{AnyQuery, SqlStore};
-use super::{ClaimRequest, ClaimedRow, Dialect, Undeliverable, future_ms};
+use super::builder::Sql;
+use super::sql::SqlStore;
+use super::{ClaimRequest, ClaimedRow, Dialect, Undeliverable};
 use crate::sink::Delivery;
 
 impl SqlStore {
@@ -33,30 +35,10 @@ impl SqlStore {
         )
     }
 
-    /// MySQL/MariaDB, inside the claim's transaction: whether the lease epoch is still the
-    /// claimer's, holding a shared lock on the lease row until the claim commits (a new
-    /// holder's epoch bump waits for it, and later claims of the old holder see the bump).
-    async fn fence_holds(
-        &self,
-        req: &ClaimRequest,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-    ) -> anyhow::Result<bool> {
-        let Some(f) = &req.fence else {
-            return Ok(true);
-        };
-        let held = self
-            .sql("SELECT epoch FROM outbox_relay_lease WHERE name = ? AND epoch = ? LOCK IN SHARE MODE")
-            .bind(f.lease.clone())
-            .bind(f.epoch)
-            .fetch_optional(&mut **tx)
-            .await?;
-        Ok(held.is_some())
-    }
-
     /// The columns a claim returns, in the order [`to_claimed`] reads them ([`COLUMNS`]).
     /// The payload is returned only when it is within the request's size limit (NULL
     /// otherwise), with its length beside it, so an oversized payload is never loaded.
-    fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
+    pub(super) fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
         let d = self.dialect;
         let c = |name: &str| format!("{alias}{name}");
         let len = d.byte_length(&c("payload"));
@@ -87,44 +69,6 @@ impl SqlStore {
             d.claim_text(&c("ordering_key")),
             d.storage_classes(&classes, &[c("next_attempt_at")]),
         )
-    }
-
-    /// MySQL/MariaDB: runs `select` (a locking read of the rows to claim, id first) and one
-    /// `UPDATE` that marks them claimed, in one short transaction, under the fence.
-    async fn claim_in_transaction(
-        &self,
-        req: &ClaimRequest,
-        select: Sql,
-    ) -> anyhow::Result<Vec<AnyRow>> {
-        let d = self.dialect;
-        let mut tx = self.pool.begin().await?;
-        if !self.fence_holds(req, &mut tx).await? {
-            tx.rollback().await?;
-            return Ok(Vec::new());
-        }
-        let rows = select.query(self).fetch_all(&mut *tx).await?;
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(rows);
-        }
-        let mut u = Sql::default();
-        u.push(&format!("UPDATE {} SET claimed_by = ", self.table))
-            .text(&req.claimer)
-            .push(", claim_token = ")
-            .text(&req.token)
-            .push(", claimed_until = ");
-        push_now_plus(&mut u, d, req.ttl);
-        u.push(&format!(", updated_at = {} WHERE id IN (", d.now()));
-        for (i, r) in rows.iter().enumerate() {
-            if i > 0 {
-                u.push(", ");
-            }
-            u.int(r.try_get::<i64, _>(0)?);
-        }
-        u.push(")");
-        u.query(self).execute(&mut *tx).await?;
-        tx.commit().await?;
-        Ok(rows)
     }
 }
 
@@ -254,73 +198,18 @@ fn decode_error(e: &sqlx::Error) -> String {
     .replace('\n', " ")
 }
 
-/// A statement being built: SQL text and its bound values, appended together, so the order of
-/// the values can never drift from the order of their placeholders.
-#[derive(Default)]
-pub(super) struct Sql {
-    text: String,
-    args: Vec<Arg>,
-}
-
-enum Arg {
-    Int(i64),
-    Text(String),
-}
-
-impl Sql {
-    pub(super) fn push(&mut self, text: &str) -> &mut Sql {
-        self.text.push_str(text);
-        self
-    }
-
-    pub(super) fn int(&mut self, v: i64) -> &mut Sql {
-        self.text.push('?');
-        self.args.push(Arg::Int(v));
-        self
-    }
-
-    pub(super) fn text(&mut self, v: &str) -> &mut Sql {
-        self.text.push('?');
-        self.args.push(Arg::Text(v.to_string()));
-        self
-    }
-
-    /// `?, ?, ?` bound to `values`.
-    pub(super) fn texts(&mut self, values: &[String]) -> &mut Sql {
-        for (i, v) in values.iter().enumerate() {
-            if i > 0 {
-                self.text.push_str(", ");
-            }
-            self.text(v);
-        }
-        self
-    }
-
-    /// Appends another statement part, text and values.
-    pub(super) fn append(&mut self, other: Sql) -> &mut Sql {
-        self.text.push_str(&other.text);
-        self.args.extend(other.args);
-        self
-    }
-
-    pub(super) fn query(self, store: &SqlStore) -> AnyQuery<'static> {
-        let mut q = store.sql(&self.text);
-        for a in self.args {
-            q = match a {
-                Arg::Int(v) => q.bind(v),
-                Arg::Text(v) => q.bind(v),
-            };
-        }
-        q
-    }
-}
-
 impl SqlStore {
     /// One pick per budget: the ids (or `cols`) of up to `n` claimable rows of one channel,
     /// or of every channel but some, in id order. `lock` is appended to each pick
     /// (PostgreSQL: `FOR UPDATE OF o SKIP LOCKED`), `fence` adds its condition to each. A
     /// request without budgets is one pick of `limit` rows of any channel not excluded.
-    fn picks(&self, req: &ClaimRequest, cols: &str, lock: &str, fence: &Fence) -> Vec<Sql> {
+    pub(super) fn picks(
+        &self,
+        req: &ClaimRequest,
+        cols: &str,
+        lock: &str,
+        fence: &PickFence,
+    ) -> Vec<Sql> {
         let filters: Vec<(Filter, u32)> = match &req.budgets {
             Some(b) => b
                 .channels
@@ -356,7 +245,8 @@ impl SqlStore {
             .collect()
     }
 
-    /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING`.
+    /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING` (MySQL:
+    /// [`super::mysql::claim`]).
     pub(super) async fn claim_returning(&self, req: &ClaimRequest) -> anyhow::Result<Vec<AnyRow>> {
         let t = &self.table;
         let d = self.dialect;
@@ -371,14 +261,14 @@ impl SqlStore {
                     .push(" AND epoch = ")
                     .int(f.epoch)
                     .push(" FOR SHARE), ");
-                Fence::Cte
+                PickFence::Cte
             } else {
-                Fence::None
+                PickFence::None
             }
         } else if req.fence.is_some() {
-            Fence::Inline
+            PickFence::Inline
         } else {
-            Fence::None
+            PickFence::None
         };
         let lock = if pg {
             "FOR UPDATE OF o SKIP LOCKED"
@@ -407,8 +297,8 @@ impl SqlStore {
             .push(", claim_token = ")
             .text(&req.token)
             .push(", claimed_until = ");
-        push_now_plus(&mut q, d, req.ttl);
-        q.push(&format!(", updated_at = {} ", d.now()));
+        q.now_plus(d, req.ttl)
+            .push(&format!(", updated_at = {} ", d.now()));
         if pg {
             q.push(&format!(
                 "FROM ({union}) picked WHERE u.id = picked.id RETURNING {}",
@@ -422,47 +312,6 @@ impl SqlStore {
         }
         Ok(q.query(self).fetch_all(&self.pool).await?)
     }
-
-    /// MySQL/MariaDB: the picks as one `UNION ALL` of locking reads, then one `UPDATE`, in
-    /// one transaction (no UPDATE ... RETURNING).
-    pub(super) async fn claim_select(
-        &self,
-        req: &ClaimRequest,
-        skip_locked: bool,
-    ) -> anyhow::Result<Vec<AnyRow>> {
-        let cols = self.returning_columns("o.", req);
-        let lock = lock_clause(skip_locked);
-        let mut select = Sql::default();
-        for (i, p) in self
-            .picks(req, &cols, lock, &Fence::None)
-            .into_iter()
-            .enumerate()
-        {
-            if i > 0 {
-                select.push(" UNION ALL ");
-            }
-            select.push("(");
-            select.append(p);
-            select.push(")");
-        }
-        self.claim_in_transaction(req, select).await
-    }
-}
-
-/// MySQL/MariaDB's locking clause: `SKIP LOCKED` where the server has it.
-fn lock_clause(skip_locked: bool) -> &'static str {
-    if skip_locked {
-        "FOR UPDATE SKIP LOCKED"
-    } else {
-        "FOR UPDATE"
-    }
-}
-
-/// `now + ttl` on the database clock, its milliseconds bound.
-fn push_now_plus(q: &mut Sql, d: Dialect, ttl: Duration) {
-    let expr = d.now_plus_ms();
-    let (before, after) = expr.split_once('?').unwrap_or((expr, ""));
-    q.push(before).int(future_ms(ttl)).push(after);
 }
 
 /// Which channels one pick takes.
@@ -473,7 +322,7 @@ enum Filter<'a> {
 }
 
 /// How a pick is fenced on the lease epoch.
-enum Fence {
+pub(super) enum PickFence {
     None,
     /// PostgreSQL: the statement's `fence` CTE holds a shared lock on the lease row.
     Cte,
@@ -482,13 +331,13 @@ enum Fence {
     Inline,
 }
 
-impl Fence {
+impl PickFence {
     fn add(&self, q: &mut Sql, req: &ClaimRequest) {
         match (self, &req.fence) {
-            (Fence::Cte, _) => {
+            (PickFence::Cte, _) => {
                 q.push(" AND EXISTS (SELECT 1 FROM fence)");
             }
-            (Fence::Inline, Some(f)) => {
+            (PickFence::Inline, Some(f)) => {
                 q.push(" AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
                     .text(&f.lease)
                     .push(" AND epoch = ")

@@ -1,5 +1,12 @@
 //! The outbox table and the lease table, on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite.
 //!
+//! Two seams, each shaped by its caller: [`Queue`] (claim and complete: the relay loop) and
+//! [`LeaseTable`] (the lease row and the fencing epoch: the lease module). The operator's
+//! queries (`status`, `failed`, `requeue`, `purge`, the table sample, `migrate`, `enqueue`)
+//! are plain methods of [`SqlStore`]. Each database's own statements live beside its schema
+//! (`postgres.rs`, `mysql.rs`, `sqlite.rs`); statements are assembled with one builder that
+//! appends text and values together.
+//!
 //! Guarantees (G1, G2; docs/design.md, "Claims" and "Results"):
 //! - a claim takes only rows that are due, unclaimed or whose claim expired, and (with a
 //!   [`Fence`]) only while the stored lease epoch is still the claimer's: the database itself
@@ -12,12 +19,15 @@
 //!   per outcome kind and claim batch, never one statement per row on the happy path.
 
 mod admin;
+mod builder;
 mod claim;
 mod dialect;
 mod fault;
+mod lease_table;
 mod migrate;
 mod mysql;
 mod postgres;
+mod results;
 mod sql;
 mod sqlite;
 
@@ -222,47 +232,22 @@ pub struct Sample {
     pub ordering_blocked_keys: i64,
 }
 
-/// Everything the relay and the CLI need from the database.
-pub trait OutboxStore: Send + Sync {
-    /// Which database this is.
-    fn dialect(&self) -> Dialect;
-    /// Creates or upgrades the tables (idempotent, safe to run from several instances).
-    fn migrate(&self) -> BoxFuture<'_, anyhow::Result<()>>;
-    /// A cheap round trip (readiness).
-    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
-    /// Claims up to `req.limit` due rows, in id order.
+/// The relay's seam: claiming rows and writing their results back. [`SqlStore`] is the
+/// implementation; the relay's unit tests use an in-memory one.
+pub trait Queue: Send + Sync {
+    /// Claims due rows, in id order: at most `req.limit`, or each budget's worth with
+    /// [`ClaimRequest::budgets`].
     fn claim<'a>(&'a self, req: &'a ClaimRequest)
     -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>>;
     /// Writes results back, guarded by each row's claim token. Returns the rows changed; a
-    /// result whose claim is no longer live changes nothing.
+    /// result whose claim is no longer live changes nothing. A failure after some results
+    /// were written is an [`Incomplete`] saying which.
     fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>>;
-    /// Inserts a row and returns its id.
-    fn enqueue<'a>(&'a self, row: &'a NewRow) -> BoxFuture<'a, anyhow::Result<i64>>;
-    /// Counts and ages for `status`; `lease` names the lease row to show.
-    fn status<'a>(&'a self, lease: &'a str) -> BoxFuture<'a, anyhow::Result<StatusReport>>;
-    /// FAILED rows, newest first.
-    fn failed<'a>(
-        &'a self,
-        limit: u32,
-        channel: Option<&'a str>,
-    ) -> BoxFuture<'a, anyhow::Result<Vec<FailedRow>>>;
+}
 
-    /// Puts FAILED rows back to PENDING (attempts reset); other rows are left alone.
-    fn requeue<'a>(
-        &'a self,
-        selection: &'a Requeue,
-        dry_run: bool,
-    ) -> BoxFuture<'a, anyhow::Result<RequeueReport>>;
-    /// Deletes up to `batch` rows of `status` last updated more than `older_than` ago.
-    fn purge<'a>(
-        &'a self,
-        status: Finished,
-        older_than: Duration,
-        batch: u32,
-    ) -> BoxFuture<'a, anyhow::Result<u64>>;
-    /// Counts for the table gauges.
-    fn sample(&self) -> BoxFuture<'_, anyhow::Result<Sample>>;
-
+/// The lease module's seam: the `outbox_relay_lease` row, which holds the `database`
+/// backend's lease and every backend's fencing epoch.
+pub trait LeaseTable: Send + Sync {
     /// `database` lease backend: takes the lease if it is free or expired (on the database
     /// clock), bumping the epoch. Returns the new epoch, or `None` if someone else holds it.
     fn lease_acquire<'a>(
@@ -293,6 +278,8 @@ pub trait OutboxStore: Send + Sync {
         name: &'a str,
         holder: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<i64>>;
+    /// A cheap round trip (the `database` backend's readiness).
+    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
 }
 
 /// Makes text safe to store in any of the three databases, whatever a receiver or vendor sent:
@@ -333,7 +320,7 @@ pub async fn connect(
     table: &str,
     max_connections: u32,
     connect_timeout: Duration,
-) -> anyhow::Result<Arc<dyn OutboxStore>> {
+) -> anyhow::Result<Arc<SqlStore>> {
     Ok(Arc::new(
         SqlStore::connect(url, table, max_connections, connect_timeout).await?,
     ))

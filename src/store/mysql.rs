@@ -1,4 +1,6 @@
-//! MySQL 8 / MariaDB 10.6+: schema and server capabilities.
+//! MySQL 8 / MariaDB 10.6+: schema, server capabilities, and the statements that differ
+//! because MySQL has no `UPDATE ... RETURNING`: the claim (a locking read, then an `UPDATE`,
+//! in one transaction), the epoch bump (`LAST_INSERT_ID(expr)`) and the insert.
 //!
 //! Timestamps are `TIMESTAMP(6)`: stored as instants (UTC) and converted to and from each
 //! session's time zone, so a row the application inserts with the DEFAULT timestamps from a
@@ -8,6 +10,14 @@
 //! hours.) Tables of schema version 1 are converted by version 3, see [`convert_timestamps`].
 //! Sessions run at READ COMMITTED so that the claim's locking read takes no gap locks that
 //! would block the application's inserts.
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::ClaimRequest;
+use super::builder::Sql;
+use super::claim::PickFence;
+use super::sql::SqlStore;
 
 /// Schema version 1. MySQL has no `CREATE INDEX IF NOT EXISTS`, so indexes are inline.
 pub(super) fn schema_v1(t: &str) -> Vec<String> {
@@ -80,7 +90,7 @@ pub(super) async fn convert_timestamps(
     conn: &mut sqlx::pool::PoolConnection<sqlx::Any>,
     table: &str,
 ) -> anyhow::Result<()> {
-    use sqlx::{Executor, Row};
+    use sqlx::Executor;
     let kinds = sqlx::query(
         "SELECT TABLE_NAME, COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS
          WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME IN (?, 'outbox_relay_lease')",
@@ -139,6 +149,109 @@ pub(super) async fn convert_timestamps(
     // The pool's sessions run at UTC; give the connection back as it was.
     conn.execute("SET SESSION time_zone = '+00:00'").await?;
     result
+}
+
+/// The claim: the picks as one `UNION ALL` of locking reads (`SKIP LOCKED` where the server
+/// has it) and one `UPDATE` that marks them claimed, in one short transaction, under the fence.
+pub(super) async fn claim(
+    store: &SqlStore,
+    req: &ClaimRequest,
+    skip_locked: bool,
+) -> anyhow::Result<Vec<AnyRow>> {
+    let cols = store.returning_columns("o.", req);
+    let lock = if skip_locked {
+        "FOR UPDATE SKIP LOCKED"
+    } else {
+        "FOR UPDATE"
+    };
+    let mut select = Sql::default();
+    for (i, p) in store
+        .picks(req, &cols, lock, &PickFence::None)
+        .into_iter()
+        .enumerate()
+    {
+        if i > 0 {
+            select.push(" UNION ALL ");
+        }
+        select.push("(").append(p).push(")");
+    }
+    let mut tx = store.pool.begin().await?;
+    if !fence_holds(store, req, &mut tx).await? {
+        tx.rollback().await?;
+        return Ok(Vec::new());
+    }
+    let rows = select.query(store).fetch_all(&mut *tx).await?;
+    if rows.is_empty() {
+        tx.commit().await?;
+        return Ok(rows);
+    }
+    let ids = rows
+        .iter()
+        .map(|r| r.try_get::<i64, _>(0))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut u = Sql::new(&format!("UPDATE {} SET claimed_by = ", store.table));
+    u.text(&req.claimer)
+        .push(", claim_token = ")
+        .text(&req.token)
+        .push(", claimed_until = ")
+        .now_plus(store.dialect, req.ttl)
+        .push(&format!(
+            ", updated_at = {} WHERE id IN (",
+            store.dialect.now()
+        ))
+        .ints(ids)
+        .push(")");
+    u.query(store).execute(&mut *tx).await?;
+    tx.commit().await?;
+    Ok(rows)
+}
+
+/// Inside the claim's transaction: whether the lease epoch is still the claimer's, holding a
+/// shared lock on the lease row until the claim commits (a new holder's epoch bump waits for
+/// it, and later claims of the old holder see the bump).
+async fn fence_holds(
+    store: &SqlStore,
+    req: &ClaimRequest,
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+) -> anyhow::Result<bool> {
+    let Some(f) = &req.fence else {
+        return Ok(true);
+    };
+    let mut q = Sql::new("SELECT epoch FROM outbox_relay_lease WHERE name = ");
+    q.text(&f.lease)
+        .push(" AND epoch = ")
+        .int(f.epoch)
+        .push(" LOCK IN SHARE MODE");
+    Ok(q.query(store).fetch_optional(&mut **tx).await?.is_some())
+}
+
+/// `UPDATE outbox_relay_lease SET {set}, epoch = epoch + 1 WHERE {filter}`: the new epoch
+/// comes back as the statement's `LAST_INSERT_ID`, so no second statement (and no
+/// transaction holding the lease row) is needed.
+pub(super) async fn bump_epoch(
+    store: &SqlStore,
+    set: Sql,
+    filter: Sql,
+) -> anyhow::Result<Option<i64>> {
+    let mut q = Sql::new("UPDATE outbox_relay_lease SET ");
+    q.append(set)
+        .push(", epoch = LAST_INSERT_ID(epoch + 1) WHERE ")
+        .append(filter);
+    let r = q.query(store).execute(&store.pool).await?;
+    if r.rows_affected() == 0 {
+        return Ok(None);
+    }
+    let epoch = r
+        .last_insert_id()
+        .ok_or_else(|| anyhow::anyhow!("the server did not report the new epoch"))?;
+    Ok(Some(epoch))
+}
+
+/// Inserts a row and returns its id (`last_insert_id`).
+pub(super) async fn insert(store: &SqlStore, insert: Sql) -> anyhow::Result<i64> {
+    let r = insert.query(store).execute(&store.pool).await?;
+    r.last_insert_id()
+        .ok_or_else(|| anyhow::anyhow!("the database returned no id"))
 }
 
 /// Whether a server (by `SELECT VERSION()`) is MariaDB, and whether it has

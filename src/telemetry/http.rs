@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Health;
 use crate::lease::Lease;
-use crate::store::OutboxStore;
+use crate::store::SqlStore;
 
 /// Shared with the handlers.
 #[derive(Clone)]
@@ -22,7 +22,7 @@ struct AppState {
     prom: PrometheusHandle,
     health: Arc<Health>,
     /// Set once the database is connected; `/readyz` pings it.
-    store: Arc<OnceCell<Arc<dyn OutboxStore>>>,
+    store: Arc<OnceCell<Arc<SqlStore>>>,
     /// Set when a lease backend is in use; `/readyz` pings it too.
     lease: Arc<OnceCell<Arc<dyn Lease>>>,
 }
@@ -32,7 +32,7 @@ pub async fn serve(
     listen: &str,
     prom: PrometheusHandle,
     health: Arc<Health>,
-    store: Arc<OnceCell<Arc<dyn OutboxStore>>>,
+    store: Arc<OnceCell<Arc<SqlStore>>>,
     lease: Arc<OnceCell<Arc<dyn Lease>>>,
     stop: CancellationToken,
 ) -> anyhow::Result<std::net::SocketAddr> {

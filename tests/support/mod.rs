@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use outbox_relay::store::{NewRow, OutboxStore, SqlStore};
+use outbox_relay::store::{NewRow, SqlStore};
 
 /// A database the suite runs against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ impl TestDb {
     }
 
     /// The store as the trait object the relay uses.
-    pub fn dyn_store(&self) -> Arc<dyn OutboxStore> {
+    pub fn dyn_store(&self) -> Arc<SqlStore> {
         self.store.clone()
     }
 

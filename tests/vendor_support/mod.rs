@@ -18,7 +18,7 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use outbox_relay::config::Settings;
 use outbox_relay::sink::{Delivery, Outcome, SinkHandle, SinkRegistry};
-use outbox_relay::store::{NewRow, OutboxStore, SqlStore};
+use outbox_relay::store::{NewRow, SqlStore};
 use sqlx::Row;
 
 use crate::support::process::{RelayProc, relay_command, write_config};

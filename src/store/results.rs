@@ -1,0 +1,156 @@
+//! Writing results back: one `UPDATE` per outcome kind and claim token, guarded by the token.
+//!
+//! Guarantees (G2; docs/design.md, "Results"): a result changes a row only while the claim it
+//! was sent under is the row's claim (`claim_token` matches), and clears that claim; each
+//! statement commits on its own and is idempotent, so a failure part-way says which results
+//! were written ([`Incomplete`]) and the rest can be retried.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::builder::Sql;
+use super::sql::SqlStore;
+use super::{Completion, Incomplete, Resolution, sanitize_text};
+
+/// Most rows in one result statement (keeps statements and their parameter lists bounded).
+const RESULT_CHUNK: usize = 500;
+
+/// Result statements are grouped by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Delivered,
+    Retry,
+    Failed,
+    Release,
+}
+
+fn kind_of(r: &Resolution) -> Kind {
+    match r {
+        Resolution::Delivered => Kind::Delivered,
+        Resolution::Retry { .. } => Kind::Retry,
+        Resolution::Failed { .. } => Kind::Failed,
+        Resolution::Release { .. } => Kind::Release,
+    }
+}
+
+/// When the row is next due, for kinds that set it.
+fn delay_of(r: &Resolution) -> Duration {
+    match r {
+        Resolution::Retry { delay, .. } | Resolution::Release { delay, .. } => *delay,
+        _ => Duration::ZERO,
+    }
+}
+
+/// The `last_error` to store (sanitized), or NULL.
+fn error_of(r: &Resolution) -> Option<String> {
+    match r {
+        Resolution::Retry { error, .. } | Resolution::Failed { error } => {
+            Some(sanitize_text(error))
+        }
+        Resolution::Release { error, .. } => error.as_deref().map(sanitize_text),
+        Resolution::Delivered => None,
+    }
+}
+
+impl SqlStore {
+    /// Writes `done` (see [`super::Queue::complete`]).
+    pub(super) async fn write_results(&self, done: &[Completion]) -> anyhow::Result<u64> {
+        let mut groups: BTreeMap<(Kind, &str), Vec<(usize, &Completion)>> = BTreeMap::new();
+        for (i, c) in done.iter().enumerate() {
+            groups
+                .entry((kind_of(&c.resolution), &c.token))
+                .or_default()
+                .push((i, c));
+        }
+        // Each statement commits on its own (no transaction around them): a relay paused
+        // between statements (SIGSTOP, a stall) must not hold row locks that keep every other
+        // instance from re-claiming those rows, and then commit stale results when it wakes.
+        // The statements are independent and idempotent (guarded by the claim token, which
+        // they clear). When one fails, the error says which completions were already written
+        // ([`Incomplete`]), so the caller retries only the rest.
+        let mut changed = 0;
+        let mut handled = Vec::new();
+        for ((kind, token), rows) in &groups {
+            for chunk in rows.chunks(RESULT_CHUNK) {
+                let refs: Vec<&Completion> = chunk.iter().map(|(_, c)| *c).collect();
+                let q = self.result_statement(*kind, token, &refs);
+                match q.query(self).execute(&self.pool).await {
+                    Ok(r) => {
+                        changed += r.rows_affected();
+                        handled.extend(chunk.iter().map(|(i, _)| *i));
+                    }
+                    Err(e) if handled.is_empty() => return Err(e.into()),
+                    Err(e) => {
+                        return Err(Incomplete {
+                            handled,
+                            changed,
+                            source: e.into(),
+                        }
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// One result statement for rows of the same kind and claim token.
+    fn result_statement(&self, kind: Kind, token: &str, rows: &[&Completion]) -> Sql {
+        let d = self.dialect;
+        let now = d.now();
+        // `CASE id WHEN ? THEN <value> ... END`: one value per row, in one statement.
+        let case = |value: &dyn Fn(&mut Sql, &Completion)| {
+            let mut s = Sql::new("CASE id");
+            for c in rows {
+                s.push(" WHEN ").int(c.id).push(" THEN ");
+                value(&mut s, c);
+            }
+            s.push(" END");
+            s
+        };
+        let next_attempt = || {
+            case(&|s, c| {
+                s.now_plus(d, delay_of(&c.resolution));
+            })
+        };
+        let last_error = || {
+            case(&|s, c| {
+                s.opt_text(error_of(&c.resolution));
+            })
+        };
+        let mut q = Sql::new(&format!("UPDATE {} SET ", self.table));
+        match kind {
+            Kind::Delivered => {
+                q.push(&format!(
+                    "status = 'SUCCESS', attempts = attempts + 1, sent_at = {now}, last_error = NULL"
+                ));
+            }
+            Kind::Retry => {
+                q.push("status = 'RETRY', attempts = attempts + 1, next_attempt_at = ")
+                    .append(next_attempt())
+                    .push(", last_error = ")
+                    .append(last_error());
+            }
+            Kind::Failed => {
+                q.push("status = 'FAILED', attempts = attempts + 1, last_error = ")
+                    .append(last_error());
+            }
+            Kind::Release => {
+                q.push("next_attempt_at = ")
+                    .append(next_attempt())
+                    .push(", last_error = COALESCE(")
+                    .append(last_error())
+                    .push(", last_error)");
+            }
+        }
+        q.push(&format!(
+            ", claimed_by = NULL, claim_token = NULL, claimed_until = NULL, updated_at = {now} \
+             WHERE claim_token = "
+        ))
+        .text(token)
+        .push(" AND id IN (")
+        .ints(rows.iter().map(|c| c.id))
+        .push(")");
+        q
+    }
+}
