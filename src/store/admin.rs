@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::dialect::placeholders;
+use super::builder::Sql;
 use super::{
     Dialect, FailedRow, Finished, LeaseRow, Requeue, RequeueReport, Sample, SqlStore, StatusReport,
 };
@@ -33,12 +33,13 @@ impl SqlStore {
             .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let oldest = self.oldest_pending_ms().await?;
-        let lease = self
-            .sql(&format!(
-                "SELECT holder, epoch, -({}) FROM outbox_relay_lease WHERE name = ?",
-                d.age_ms("lease_until")
-            ))
-            .bind(lease.to_string())
+        let mut q = Sql::new(&format!(
+            "SELECT holder, epoch, -({}) FROM outbox_relay_lease WHERE name = ",
+            d.age_ms("lease_until")
+        ));
+        q.text(lease);
+        let lease = q
+            .query(self)
             .fetch_optional(&self.pool)
             .await?
             .map(|r| -> anyhow::Result<LeaseRow> {
@@ -94,22 +95,16 @@ impl SqlStore {
         limit: u32,
         channel: Option<&str>,
     ) -> anyhow::Result<Vec<FailedRow>> {
-        let t = &self.table;
-        let filter = if channel.is_some() {
-            "AND channel = ?"
-        } else {
-            ""
-        };
-        let sql = format!(
-            "SELECT id, channel, attempts, last_error, {} FROM {t}
-             WHERE status = 'FAILED' {filter} ORDER BY id DESC LIMIT ?",
-            self.dialect.time_text("updated_at")
-        );
-        let mut q = self.sql(&sql);
+        let mut q = Sql::new(&format!(
+            "SELECT id, channel, attempts, last_error, {} FROM {} WHERE status = 'FAILED'",
+            self.dialect.time_text("updated_at"),
+            self.table
+        ));
         if let Some(c) = channel {
-            q = q.bind(c.to_string());
+            q.push(" AND channel = ").text(c);
         }
-        q.bind(limit as i64)
+        q.push(" ORDER BY id DESC LIMIT ").int(limit as i64);
+        q.query(self)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -154,14 +149,9 @@ impl SqlStore {
         match selection {
             Requeue::Ids(ids) => {
                 for chunk in ids.chunks(500) {
-                    let mut q = self.sql(&format!(
-                        "SELECT id, status FROM {t} WHERE id IN ({})",
-                        placeholders(chunk.len())
-                    ));
-                    for id in chunk {
-                        q = q.bind(*id);
-                    }
-                    let found = q.fetch_all(&self.pool).await?;
+                    let mut q = Sql::new(&format!("SELECT id, status FROM {t} WHERE id IN ("));
+                    q.ints(chunk.iter().copied()).push(")");
+                    let found = q.query(self).fetch_all(&self.pool).await?;
                     let mut failed = Vec::new();
                     for r in &found {
                         let id: i64 = r.try_get(0)?;
@@ -181,35 +171,31 @@ impl SqlStore {
                         }
                     }
                     if !dry_run && !failed.is_empty() {
-                        let mut q = self.sql(&format!(
-                            "UPDATE {t} SET {} WHERE status = 'FAILED' AND {} AND id IN ({})",
+                        let mut q = Sql::new(&format!(
+                            "UPDATE {t} SET {} WHERE status = 'FAILED' AND {} AND id IN (",
                             self.requeue_set(),
                             self.no_live_claim(),
-                            placeholders(failed.len())
                         ));
-                        for id in &failed {
-                            q = q.bind(*id);
-                        }
-                        report.requeued += q.execute(&self.pool).await?.rows_affected();
+                        q.ints(failed).push(")");
+                        report.requeued += q.query(self).execute(&self.pool).await?.rows_affected();
                     } else {
                         report.requeued += failed.len() as u64;
                     }
                 }
             }
             Requeue::AllFailed { channel } => {
-                let filter = if channel.is_some() {
-                    "AND channel = ?"
-                } else {
-                    ""
-                };
+                let mut filter = Sql::new("status = 'FAILED'");
+                if let Some(c) = channel {
+                    filter.push(" AND channel = ").text(c);
+                }
                 if dry_run {
-                    let mut q = self.sql(&format!(
-                        "SELECT COUNT(*) FROM {t} WHERE status = 'FAILED' {filter}"
-                    ));
-                    if let Some(c) = channel {
-                        q = q.bind(c.clone());
-                    }
-                    report.requeued = q.fetch_one(&self.pool).await?.try_get::<i64, _>(0)? as u64;
+                    let mut q = Sql::new(&format!("SELECT COUNT(*) FROM {t} WHERE "));
+                    q.append(filter);
+                    report.requeued = q
+                        .query(self)
+                        .fetch_one(&self.pool)
+                        .await?
+                        .try_get::<i64, _>(0)? as u64;
                     return Ok(report);
                 }
                 // In batches, so a large dead-letter backlog never becomes one huge lock. The
@@ -217,36 +203,13 @@ impl SqlStore {
                 // that picks the batch: a row changed since it was picked (requeued, purged,
                 // claimed) is left alone (see docs/operations.md, "Admin verbs and a running
                 // relay").
-                let cond = format!("status = 'FAILED' {filter} AND {}", self.no_live_claim());
-                let (sql, filters) = match self.dialect {
-                    Dialect::MySql { .. } => (
-                        format!(
-                            "UPDATE {t} SET {} WHERE {cond} ORDER BY id LIMIT ?",
-                            self.requeue_set()
-                        ),
-                        1,
-                    ),
-                    _ => (
-                        format!(
-                            "UPDATE {t} SET {} WHERE {cond} AND id IN (SELECT id FROM {t}
-                             WHERE {cond} ORDER BY id LIMIT ?)",
-                            self.requeue_set()
-                        ),
-                        2,
-                    ),
-                };
+                filter.push(&format!(" AND {}", self.no_live_claim()));
+                let update = Sql::new(&format!("UPDATE {t} SET {} WHERE ", self.requeue_set()));
+                let q = self.in_batches(update, filter, REQUEUE_BATCH);
                 loop {
-                    let n = retry_transient(|| {
-                        let mut q = self.sql(&sql);
-                        for _ in 0..filters {
-                            if let Some(c) = channel {
-                                q = q.bind(c.clone());
-                            }
-                        }
-                        q.bind(REQUEUE_BATCH).execute(&self.pool)
-                    })
-                    .await?
-                    .rows_affected();
+                    let n = retry_transient(|| q.clone().query(self).execute(&self.pool))
+                        .await?
+                        .rows_affected();
                     report.requeued += n;
                     if n == 0 {
                         break;
@@ -264,35 +227,19 @@ impl SqlStore {
         older_than: Duration,
         batch: u32,
     ) -> anyhow::Result<u64> {
-        let t = &self.table;
-        let cutoff = self.dialect.now_plus_ms();
         // The status and age are checked again by the DELETE itself, not only by the subquery
         // that picks the batch: a row requeued since it was picked is never deleted.
-        let cond = format!("status = ? AND updated_at < {cutoff}");
-        let (sql, conds) = match self.dialect {
-            Dialect::MySql { .. } => (
-                format!("DELETE FROM {t} WHERE {cond} ORDER BY id LIMIT ?"),
-                1,
-            ),
-            _ => (
-                format!(
-                    "DELETE FROM {t} WHERE {cond} AND id IN (SELECT id FROM {t}
-                     WHERE {cond} ORDER BY id LIMIT ?)"
-                ),
-                2,
-            ),
-        };
-        Ok(retry_transient(|| {
-            let mut q = self.sql(&sql);
-            for _ in 0..conds {
-                q = q
-                    .bind(status.as_str().to_string())
-                    .bind(-(older_than.as_millis() as i64));
-            }
-            q.bind(batch as i64).execute(&self.pool)
-        })
-        .await?
-        .rows_affected())
+        let mut cond = Sql::new("status = ");
+        cond.text(status.as_str())
+            .push(" AND updated_at < ")
+            .now_minus(self.dialect, older_than);
+        let delete = Sql::new(&format!("DELETE FROM {} WHERE ", self.table));
+        let q = self.in_batches(delete, cond, batch as i64);
+        Ok(
+            retry_transient(|| q.clone().query(self).execute(&self.pool))
+                .await?
+                .rows_affected(),
+        )
     }
 
     /// Counts for the table gauges.
@@ -321,6 +268,28 @@ impl SqlStore {
             oldest_pending: oldest.map(|ms| Duration::from_millis(ms.max(0) as u64)),
             ordering_blocked_keys: blocked,
         })
+    }
+}
+
+impl SqlStore {
+    /// `{statement} {cond}` limited to the first `n` matching rows in id order. MySQL has
+    /// `UPDATE/DELETE ... ORDER BY ... LIMIT`; elsewhere the batch is picked by a subquery, and
+    /// `cond` is checked by the outer statement too, so a row changed since it was picked is
+    /// left alone.
+    fn in_batches(&self, mut statement: Sql, cond: Sql, n: i64) -> Sql {
+        if let Dialect::MySql { .. } = self.dialect {
+            statement.append(cond).push(" ORDER BY id LIMIT ").int(n);
+            return statement;
+        }
+        let t = &self.table;
+        statement
+            .append(cond.clone())
+            .push(&format!(" AND id IN (SELECT id FROM {t} WHERE "))
+            .append(cond)
+            .push(" ORDER BY id LIMIT ")
+            .int(n)
+            .push(")");
+        statement
     }
 }
 

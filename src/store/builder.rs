@@ -8,7 +8,7 @@ use super::sql::{AnyQuery, SqlStore};
 use super::{Dialect, future_ms};
 
 /// A statement being built.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Sql {
     /// The SQL text, with `?` for each value.
     text: String,
@@ -17,6 +17,7 @@ pub(super) struct Sql {
 }
 
 /// One bound value.
+#[derive(Clone)]
 enum Arg {
     Int(i64),
     Text(Option<String>),
@@ -77,11 +78,20 @@ impl Sql {
         self
     }
 
-    /// `now + d` on the database clock (`d` capped at a year, see [`future_ms`]).
+    /// `now + by` on the database clock (`by` capped at a year, see [`future_ms`]).
     pub(super) fn now_plus(&mut self, d: Dialect, by: Duration) -> &mut Sql {
+        self.now_offset(d, future_ms(by))
+    }
+
+    /// `now - by` on the database clock (not capped: a purge may reach years back).
+    pub(super) fn now_minus(&mut self, d: Dialect, by: Duration) -> &mut Sql {
+        self.now_offset(d, -i64::try_from(by.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    fn now_offset(&mut self, d: Dialect, ms: i64) -> &mut Sql {
         let expr = d.now_plus_ms();
         let (before, after) = expr.split_once('?').unwrap_or((expr, ""));
-        self.push(before).int(future_ms(by)).push(after)
+        self.push(before).int(ms).push(after)
     }
 
     /// Appends another statement part, text and values.
@@ -91,9 +101,16 @@ impl Sql {
         self
     }
 
-    /// The query, in `store`'s dialect, with every value bound.
+    /// The query, in `store`'s dialect, with every value bound (and counted in the store's
+    /// statements).
     pub(super) fn query(self, store: &SqlStore) -> AnyQuery<'static> {
-        let mut q = store.sql(&self.text);
+        store.count_statement();
+        self.finalized(store.dialect)
+    }
+
+    /// The query in dialect `d`, with every value bound.
+    pub(super) fn finalized(self, d: Dialect) -> AnyQuery<'static> {
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(d.finalize(&self.text)));
         for a in self.args {
             q = match a {
                 Arg::Int(v) => q.bind(v),
@@ -129,5 +146,7 @@ mod tests {
         n.now_plus(Dialect::Postgres, Duration::from_secs(2));
         assert_eq!(n.text, Dialect::Postgres.now_plus_ms());
         assert!(matches!(n.args[0], Arg::Int(2000)));
+        n.now_minus(Dialect::Sqlite, Duration::from_secs(3 * 365 * 86_400));
+        assert!(matches!(n.args[1], Arg::Int(ms) if ms == -94_608_000_000));
     }
 }

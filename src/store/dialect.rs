@@ -172,18 +172,6 @@ impl Dialect {
     }
 }
 
-/// `?, ?, ?` for `n` placeholders.
-pub fn placeholders(n: usize) -> String {
-    let mut s = String::with_capacity(n * 3);
-    for i in 0..n {
-        if i > 0 {
-            s.push_str(", ");
-        }
-        s.push('?');
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +183,5 @@ mod tests {
             "a = $1 AND b IN ($2, $3)"
         );
         assert_eq!(Dialect::Sqlite.finalize("a = ?"), "a = ?");
-        assert_eq!(placeholders(3), "?, ?, ?");
     }
 }

@@ -7,6 +7,7 @@
 
 use sqlx::{Any, AnyPool, Executor, Row};
 
+use super::builder::Sql;
 use super::{Dialect, mysql, postgres, sqlite};
 
 /// The newest schema version this build knows.
@@ -92,15 +93,15 @@ async fn apply(
         )",
     )
     .await?;
-    let current: i64 = sqlx::query(sqlx::AssertSqlSafe(
-        dialect.finalize("SELECT version FROM outbox_relay_schema WHERE target = ?"),
-    ))
-    .bind(table.to_string())
-    .fetch_optional(&mut **conn)
-    .await?
-    .map(|r| r.try_get::<i64, _>(0))
-    .transpose()?
-    .unwrap_or(0);
+    let mut q = Sql::new("SELECT version FROM outbox_relay_schema WHERE target = ");
+    q.text(table);
+    let current: i64 = q
+        .finalized(dialect)
+        .fetch_optional(&mut **conn)
+        .await?
+        .map(|r| r.try_get::<i64, _>(0))
+        .transpose()?
+        .unwrap_or(0);
     let mut applied = Vec::new();
     for version in (current + 1)..=LATEST {
         for step in steps(dialect, table, version) {
@@ -109,18 +110,16 @@ async fn apply(
         if let (Dialect::MySql { .. }, 3) = (dialect, version) {
             mysql::convert_timestamps(conn, table).await?;
         }
-        let upsert = if current == 0 && version == 1 {
-            "INSERT INTO outbox_relay_schema (target, version) VALUES (?, ?)"
-        } else {
-            "UPDATE outbox_relay_schema SET version = ? WHERE target = ?"
-        };
-        let q = sqlx::query(sqlx::AssertSqlSafe(dialect.finalize(upsert)));
         let q = if current == 0 && version == 1 {
-            q.bind(table.to_string()).bind(version)
+            let mut q = Sql::new("INSERT INTO outbox_relay_schema (target, version) VALUES (");
+            q.text(table).push(", ").int(version).push(")");
+            q
         } else {
-            q.bind(version).bind(table.to_string())
+            let mut q = Sql::new("UPDATE outbox_relay_schema SET version = ");
+            q.int(version).push(" WHERE target = ").text(table);
+            q
         };
-        q.execute(&mut **conn).await?;
+        q.finalized(dialect).execute(&mut **conn).await?;
         applied.push(version);
     }
     Ok(applied)

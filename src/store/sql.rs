@@ -152,9 +152,14 @@ impl SqlStore {
         self.statements.load(Ordering::Relaxed)
     }
 
+    /// A statement without values (those with values are built with [`Sql`]).
     pub(super) fn sql(&self, text: &str) -> AnyQuery<'static> {
-        self.statements.fetch_add(1, Ordering::Relaxed);
+        self.count_statement();
         query(self.dialect.finalize(text))
+    }
+
+    pub(super) fn count_statement(&self) {
+        self.statements.fetch_add(1, Ordering::Relaxed);
     }
 }
 
