@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use crate::config::{ConfigError, Settings};
+use crate::sink::SinkSpec;
 
 /// outbox-relay: delivers transactional-outbox rows to webhooks, FCM and Kakao Alimtalk,
 /// exactly as often as it must.
@@ -158,6 +159,9 @@ impl CliError {
 /// Runs the parsed command.
 pub async fn execute(cli: Cli) -> Result<(), CliError> {
     let settings = Settings::load(cli.config.as_deref())?;
+    // Every verb refuses a configuration with a bad sink, as `check-config` does: the sinks'
+    // own keys are parsed by the sink module, after the rest of the configuration.
+    SinkSpec::all(&settings)?;
     match cli.command {
         Command::Run => run::run(settings).await,
         Command::Migrate => admin::migrate(&settings).await,

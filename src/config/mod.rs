@@ -9,50 +9,25 @@
 //! - secrets are [`Secret`]s and never appear in `Debug` output.
 
 pub mod duration;
+mod error;
 mod secret;
+mod sinks;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use error::ConfigError;
 pub use secret::{Secret, redact_url};
-
-use crate::sink::SinkSpec;
+pub use sinks::{SinkCommon, SinkSettings};
 
 /// The environment prefix: `OUTBOX_RELAY__DATABASE__URL` sets `database.url`.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
 /// The file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "config/relay.toml";
-
-/// A configuration problem, phrased for the person who wrote the config.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The dotted key at fault (`relay.claim_ttl`), or the file when no key applies.
-    pub key: String,
-    /// What is wrong and, where possible, what would be right.
-    pub problem: String,
-}
-
-impl ConfigError {
-    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
-        ConfigError {
-            key: key.into(),
-            problem: problem.into(),
-        }
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.key, self.problem)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// Everything the relay is configured with, validated.
 #[derive(Debug, Clone)]
@@ -64,8 +39,9 @@ pub struct Settings {
     pub http: HttpSettings,
     pub log: LogSettings,
     pub retention: RetentionSettings,
-    /// Sinks by name; a row's `channel` names one of them.
-    pub sinks: BTreeMap<String, SinkSpec>,
+    /// Sinks by name; a row's `channel` names one of them. Their kind's own keys are parsed
+    /// by the sink module (`sink::SinkSpec::parse`).
+    pub sinks: BTreeMap<String, SinkSettings>,
     /// Where the settings came from (shown by `check-config`).
     pub source: Option<PathBuf>,
 }
@@ -396,11 +372,11 @@ impl Settings {
             .map_err(|e| from_config_error(&e, file.as_deref()))?;
         let mut sinks = BTreeMap::new();
         for (name, value) in raw.sinks {
-            let spec = SinkSpec::parse(&name, value)?;
-            sinks.insert(name, spec);
+            let sink = SinkSettings::parse(&name, value)?;
+            sinks.insert(name, sink);
         }
         if sinks.is_empty() {
-            sinks.insert("log".to_string(), SinkSpec::default_log());
+            sinks.insert("log".to_string(), SinkSettings::default_log());
         }
         let mut lease = raw.lease;
         if lease.name.is_empty() {
@@ -427,43 +403,13 @@ impl Settings {
     }
 }
 
-/// Turns the config crate's error (which says "for key `a.b`" inside its text) into ours.
+/// The config crate's error as ours: keyed where the error has a key, else the file.
 fn from_config_error(e: &config::ConfigError, file: Option<&Path>) -> ConfigError {
-    let text = e.to_string();
-    if let Some(k) = unknown_field_key(&text) {
-        return k;
+    let mut ours = ConfigError::within("", e);
+    if let (Some(f), "configuration") = (file, ours.key.as_str()) {
+        ours.key = f.display().to_string();
     }
-    if let Some(start) = text.find("for key `") {
-        let rest = &text[start + 9..];
-        if let Some(end) = rest.find('`') {
-            let key = rest[..end].to_string();
-            let problem = text[..start].trim_end().to_string();
-            return ConfigError::new(key, problem);
-        }
-    }
-    let where_ = file
-        .map(|f| f.display().to_string())
-        .unwrap_or_else(|| "configuration".into());
-    ConfigError::new(where_, text)
-}
-
-/// serde says "unknown field `x`, expected one of ... for key `relay`": report `relay.x`.
-pub(crate) fn unknown_field_key(text: &str) -> Option<ConfigError> {
-    let rest = text.strip_prefix("unknown field `")?;
-    let field = &rest[..rest.find('`')?];
-    let section = text
-        .rfind("for key `")
-        .map(|i| &text[i + 9..])
-        .and_then(|r| r.find('`').map(|j| &r[..j]));
-    let key = match section {
-        Some(s) if !s.is_empty() => format!("{s}.{field}"),
-        _ => field.to_string(),
-    };
-    let expected = text
-        .find(", expected")
-        .map(|i| text[i + 2..].split(" for key").next().unwrap_or(""))
-        .unwrap_or("");
-    Some(ConfigError::new(key, format!("unknown key; {expected}")))
+    ours
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::validate::CLAIM_MARGIN;
 use super::*;
-use crate::sink::SinkKind;
+use crate::sink::{SinkKind, SinkSpec};
 
 /// A config file with `toml` (kept alive with its directory).
 struct File {
@@ -29,9 +29,17 @@ fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Loads the configuration and parses every sink's own keys, as the CLI does.
 fn load(toml: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     let f = file(toml);
-    Settings::load_with_env(Some(&f.path), Some(env(vars)))
+    let s = Settings::load_with_env(Some(&f.path), Some(env(vars)))?;
+    SinkSpec::all(&s)?;
+    Ok(s)
+}
+
+/// The parsed kind of sink `name`.
+fn kind(s: &Settings, name: &str) -> SinkKind {
+    SinkSpec::parse(&s.sinks[name]).expect("sink parses").kind
 }
 
 fn ok(toml: &str, vars: &[(&str, &str)]) -> Settings {
@@ -67,7 +75,7 @@ fn an_empty_file_gives_the_builtin_defaults() {
     assert!(s.lease.ttl >= s.lease.renew_timeout * 3);
     assert!(s.relay.claim_ttl >= Duration::from_secs(10) + CLAIM_MARGIN);
     let log = s.sinks.get("log").expect("a sink named log");
-    assert!(matches!(log.kind, SinkKind::Log));
+    assert!(matches!(kind(&s, &log.name), SinkKind::Log));
     assert_eq!(s.sinks.len(), 1);
     assert!(s.source.is_some());
 }
@@ -124,7 +132,7 @@ fn file_values_are_read() {
     let hook = &s.sinks["hook"];
     assert_eq!(hook.common.timeout, Duration::from_secs(3));
     assert_eq!(hook.common.retry_policy(&s.retry).max_attempts, 4);
-    match &hook.kind {
+    match kind(&s, &hook.name) {
         SinkKind::Webhook(w) => {
             assert_eq!(w.url, "http://127.0.0.1:1/hook");
             assert_eq!(
@@ -319,7 +327,7 @@ fn env_keys_use_the_double_underscore_form() {
     assert_eq!(s.database.url.expose(), "mysql://root@127.0.0.1:3306/test");
     assert!(!s.database.listen);
     assert_eq!(s.lease.name, "orders");
-    match &s.sinks["hook"].kind {
+    match kind(&s, "hook") {
         SinkKind::Webhook(w) => {
             assert_eq!(w.url, "http://127.0.0.1:1/");
             assert_eq!(

@@ -15,6 +15,7 @@
 //! without a live lease in leader mode; a database outage pauses the loop (readiness goes
 //! false) and never crashes it.
 
+mod budget;
 mod dispatch;
 mod recorder;
 
@@ -147,7 +148,7 @@ impl Relay {
             //    never sit in the relay's slots waiting for that sink while another sink's
             //    rows wait in the table. Channels no sink serves are looked for now and then.
             let others = last_others.elapsed() >= OTHERS_EVERY;
-            let budgets = self.sinks.budgets(limit as u32, BUDGET_HORIZON, others);
+            let budgets = budget::budgets(&self.sinks, limit as u32, BUDGET_HORIZON, others);
             if others {
                 last_others = Instant::now();
             }

@@ -19,17 +19,16 @@ pub mod webhook;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
 pub(crate) use http::{describe_send_error, http_client, read_capped, retry_after_header, snippet};
 pub use limits::{Pause, RateLimiter};
-pub use spec::{SinkCommon, SinkKind, SinkSpec};
+pub use spec::{SinkKind, SinkSpec};
 use tokio::sync::Semaphore;
 
 use crate::BoxFuture;
 use crate::config::{RetrySettings, Settings};
-use crate::store::Budgets;
 
 /// One row on its way to a sink: what a sink may read of it.
 #[derive(Debug, Clone)]
@@ -121,12 +120,29 @@ pub struct SinkHandle {
     pub hungry: AtomicBool,
 }
 
-/// Most rows of channels no sink serves taken by one claim.
-pub const OTHERS_PER_CLAIM: u32 = 32;
-
 /// The payload limit of sinks without a setting of their own: FCM messages (4 KiB of data)
 /// and Alimtalk templates (1,000 characters) are far smaller; the log sink is for tests.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+
+impl SinkHandle {
+    /// A handle around `sink` with `concurrency` slots and the defaults of a configured sink
+    /// (10 s timeout, no rate limit, [`DEFAULT_MAX_PAYLOAD_BYTES`]).
+    pub fn new(name: &str, sink: Arc<dyn Sink>, concurrency: u32, retry: RetrySettings) -> Self {
+        SinkHandle {
+            name: name.to_string(),
+            sink,
+            timeout: Duration::from_secs(10),
+            retry,
+            slots: Arc::new(Semaphore::new(concurrency as usize)),
+            rate: None,
+            pause: Pause::new(name),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            payload_limit_key: format!("the payload limit of sink {name}"),
+            queued: AtomicUsize::new(0),
+            hungry: AtomicBool::new(false),
+        }
+    }
+}
 
 /// All sinks by name.
 pub struct SinkRegistry {
@@ -137,7 +153,8 @@ impl SinkRegistry {
     /// Builds every sink in the settings (HTTP clients are created once here, not per row).
     pub fn build(settings: &Settings) -> anyhow::Result<SinkRegistry> {
         let mut sinks = BTreeMap::new();
-        for (name, spec) in &settings.sinks {
+        for spec in SinkSpec::all(settings)? {
+            let name = &spec.name;
             let sink: Arc<dyn Sink> = match &spec.kind {
                 SinkKind::Log => Arc::new(log::LogSink::new(name)),
                 SinkKind::Webhook(cfg) => {
@@ -157,22 +174,29 @@ impl SinkRegistry {
                     format!("the payload limit of sink {name}"),
                 ),
             };
-            let handle = SinkHandle {
-                name: name.clone(),
+            let mut handle = SinkHandle::new(
+                name,
                 sink,
-                timeout: spec.common.timeout,
-                retry: spec.common.retry_policy(&settings.retry),
-                slots: Arc::new(Semaphore::new(spec.common.concurrency as usize)),
-                rate: spec.common.rate_per_sec.map(RateLimiter::new),
-                pause: Pause::new(name),
-                max_payload_bytes,
-                payload_limit_key,
-                queued: AtomicUsize::new(0),
-                hungry: AtomicBool::new(false),
-            };
+                spec.common.concurrency,
+                spec.common.retry_policy(&settings.retry),
+            );
+            handle.timeout = spec.common.timeout;
+            handle.rate = spec.common.rate_per_sec.map(RateLimiter::new);
+            handle.max_payload_bytes = max_payload_bytes;
+            handle.payload_limit_key = payload_limit_key;
             sinks.insert(name.clone(), Arc::new(handle));
         }
         Ok(SinkRegistry { sinks })
+    }
+
+    /// A registry of ready-made handles (the relay's unit tests build theirs this way).
+    pub fn from_handles(handles: impl IntoIterator<Item = SinkHandle>) -> SinkRegistry {
+        SinkRegistry {
+            sinks: handles
+                .into_iter()
+                .map(|h| (h.name.clone(), Arc::new(h)))
+                .collect(),
+        }
     }
 
     /// The sink serving `channel`, if one is configured.
@@ -183,53 +207,6 @@ impl SinkRegistry {
     /// Every sink, by name.
     pub fn iter(&self) -> impl Iterator<Item = &Arc<SinkHandle>> {
         self.sinks.values()
-    }
-
-    /// Per-channel budgets for a claim of at most `free` rows. Each sink asks for what it
-    /// can start now: its free concurrency slots not already promised to claimed rows, and
-    /// what its rate allows within `horizon`; a paused sink asks for nothing. When the asks
-    /// add up to more than `free`, they are shared out evenly (the smallest asks are met in
-    /// full, the rest split what is left), so a sink with a deep backlog cannot take the
-    /// slots the others need. With `others`, a quarter of `free` (at most
-    /// [`OTHERS_PER_CLAIM`]) goes to rows of channels no sink serves, which are finished FAILED.
-    pub fn budgets(&self, free: u32, horizon: Duration, others: bool) -> Budgets {
-        let mut asks: Vec<(&str, u32)> = self
-            .sinks
-            .values()
-            .filter(|s| s.pause.remaining().is_none())
-            .map(|s| {
-                let slots = s
-                    .slots
-                    .available_permits()
-                    .saturating_sub(s.queued.load(Ordering::Relaxed));
-                let rate = s
-                    .rate
-                    .as_ref()
-                    .map_or(usize::MAX, |r| r.starts_within(horizon));
-                (s.name.as_str(), slots.min(rate).min(free as usize) as u32)
-            })
-            .filter(|(_, n)| *n > 0)
-            .collect();
-        asks.sort_by_key(|(name, n)| (*n, *name));
-        // Channels no sink serves get a small share first, or a busy sink would starve them.
-        let for_others = if others {
-            (free / 4).clamp(u32::from(free > 0), OTHERS_PER_CLAIM)
-        } else {
-            0
-        };
-        let mut left = free - for_others;
-        let mut channels = Vec::with_capacity(asks.len());
-        let count = asks.len() as u32;
-        for (i, (name, ask)) in asks.into_iter().enumerate() {
-            let share = (left / (count - i as u32)).max(u32::from(left > 0));
-            let n = ask.min(share);
-            left -= n;
-            if n > 0 {
-                channels.push((name.to_string(), n));
-            }
-        }
-        let others = (for_others > 0).then(|| (self.sinks.keys().cloned().collect(), for_others));
-        Budgets { channels, others }
     }
 
     /// The largest payload any sink accepts: longer payloads are not loaded by claims.

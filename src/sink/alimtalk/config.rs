@@ -9,7 +9,6 @@
 use serde::Deserialize;
 
 use crate::config::{ConfigError, Secret};
-use crate::sink::spec::keyed;
 
 /// NHN Cloud's current host (changed on 2026-02-27; the old one was
 /// `https://api-alimtalk.cloud.toast.com`).
@@ -108,7 +107,9 @@ struct RawAlimtalk {
 
 impl AlimtalkConfig {
     pub(crate) fn parse(prefix: &str, value: config::Value) -> Result<Self, ConfigError> {
-        let raw: RawAlimtalk = value.try_deserialize().map_err(|e| keyed(prefix, &e))?;
+        let raw: RawAlimtalk = value
+            .try_deserialize()
+            .map_err(|e| ConfigError::within(prefix, &e))?;
         let key = |k: &str| format!("{prefix}.{k}");
         let required = |k: &str, v: Option<String>| -> Result<String, ConfigError> {
             match v.map(|s| s.trim().to_string()) {

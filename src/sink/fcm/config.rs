@@ -8,7 +8,6 @@
 use serde::Deserialize;
 
 use crate::config::{ConfigError, Secret};
-use crate::sink::spec::keyed;
 
 /// FCM's production host.
 pub const DEFAULT_ENDPOINT: &str = "https://fcm.googleapis.com";
@@ -88,7 +87,9 @@ struct RawFcm {
 
 impl FcmConfig {
     pub(crate) fn parse(prefix: &str, value: config::Value) -> Result<Self, ConfigError> {
-        let raw: RawFcm = value.try_deserialize().map_err(|e| keyed(prefix, &e))?;
+        let raw: RawFcm = value
+            .try_deserialize()
+            .map_err(|e| ConfigError::within(prefix, &e))?;
         let (key_name, text) = match (raw.credentials_file, raw.credentials_json) {
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(

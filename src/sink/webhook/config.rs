@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::config::{ConfigError, Secret};
-use crate::sink::spec::keyed;
 
 /// A webhook sink's own settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -35,7 +34,9 @@ fn default_max_body() -> usize {
 
 impl WebhookConfig {
     pub(crate) fn parse(prefix: &str, value: config::Value) -> Result<Self, ConfigError> {
-        let mut cfg: WebhookConfig = value.try_deserialize().map_err(|e| keyed(prefix, &e))?;
+        let mut cfg: WebhookConfig = value
+            .try_deserialize()
+            .map_err(|e| ConfigError::within(prefix, &e))?;
         let url = cfg.url.trim();
         if !(url.starts_with("http://") || url.starts_with("https://"))
             || reqwest::Url::parse(url).is_err()

@@ -1,0 +1,126 @@
+//! [`ConfigError`]: every configuration problem, with the key it is about.
+
+use std::fmt;
+
+/// A configuration problem, phrased for the person who wrote the config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The dotted key at fault (`relay.claim_ttl`), or the file when no key applies.
+    pub key: String,
+    /// What is wrong and, where possible, what would be right.
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        ConfigError {
+            key: key.into(),
+            problem: problem.into(),
+        }
+    }
+
+    /// The config crate's deserialization error, for a value read at `prefix` (`""` for the
+    /// whole file, `sinks.hook` for a sink's table). The key comes from the error's variants,
+    /// which carry it; only serde's "unknown field" message has to be read for the field's
+    /// name, which no variant carries.
+    pub fn within(prefix: &str, e: &config::ConfigError) -> ConfigError {
+        use config::ConfigError as E;
+        match e {
+            E::At { error, key, .. } => ConfigError::within(&join(prefix, key.as_deref()), error),
+            E::Type {
+                key,
+                unexpected,
+                expected,
+                ..
+            } => ConfigError::new(
+                join(prefix, key.as_deref()),
+                format!("invalid type: {unexpected}, expected {expected}"),
+            ),
+            E::NotFound(key) => ConfigError::new(or_file(prefix), format!("missing key `{key}`")),
+            E::Message(text) => match unknown_field(text) {
+                Some((field, expected)) => ConfigError::new(
+                    join(prefix, Some(field)),
+                    format!("unknown key; {expected}"),
+                ),
+                None => ConfigError::new(or_file(prefix), text.clone()),
+            },
+            other => ConfigError::new(or_file(prefix), other.to_string()),
+        }
+    }
+}
+
+/// `prefix.key`, `key` or `prefix`.
+fn join(prefix: &str, key: Option<&str>) -> String {
+    match key {
+        Some(k) if !k.is_empty() && !prefix.is_empty() => format!("{prefix}.{k}"),
+        Some(k) if !k.is_empty() => k.to_string(),
+        _ => prefix.to_string(),
+    }
+}
+
+/// The key for a problem with no key of its own.
+fn or_file(prefix: &str) -> String {
+    if prefix.is_empty() {
+        "configuration".to_string()
+    } else {
+        prefix.to_string()
+    }
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`": (`x`, "expected one of ...").
+fn unknown_field(text: &str) -> Option<(&str, &str)> {
+    let rest = text.strip_prefix("unknown field `")?;
+    let end = rest.find('`')?;
+    let expected = rest[end..]
+        .find("expected")
+        .map_or("", |i| &rest[end + i..]);
+    Some((&rest[..end], expected))
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.problem)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_from_the_variants() {
+        let inner = config::ConfigError::Message(
+            "unknown field `batchsize`, expected one of `batch_size`, `mode`".into(),
+        );
+        let e = config::ConfigError::At {
+            error: Box::new(inner),
+            origin: None,
+            key: Some("relay".into()),
+        };
+        let ours = ConfigError::within("", &e);
+        assert_eq!(ours.key, "relay.batchsize");
+        assert_eq!(
+            ours.problem,
+            "unknown key; expected one of `batch_size`, `mode`"
+        );
+        let t = config::Value::from(config::Map::from([(
+            "concurrency".to_string(),
+            config::Value::from(vec![1]),
+        )]))
+        .try_deserialize::<super::super::SinkCommon>()
+        .expect_err("a list is not a number");
+        assert_eq!(
+            ConfigError::within("sinks.hook", &t).key,
+            "sinks.hook.concurrency"
+        );
+        let m = config::ConfigError::Message("missing field `url`".into());
+        let ours = ConfigError::within("sinks.hook", &m);
+        assert_eq!(
+            (ours.key.as_str(), ours.problem.as_str()),
+            ("sinks.hook", "missing field `url`")
+        );
+        assert_eq!(ConfigError::within("", &m).key, "configuration");
+    }
+}
