@@ -35,11 +35,11 @@ pub async fn sample_loop(store: Arc<SqlStore>, stop: CancellationToken) {
                         .iter()
                         .find(|(st, _)| st == status)
                         .map_or(0, |(_, n)| *n);
-                    metrics::gauge!("outbox_relay_rows", "status" => status).set(n as f64);
+                    metrics::gauge!(crate::metric::ROWS, "status" => status).set(n as f64);
                 }
-                metrics::gauge!("outbox_relay_oldest_pending_seconds")
+                metrics::gauge!(crate::metric::OLDEST_PENDING)
                     .set(s.oldest_pending.map_or(0.0, |d| d.as_secs_f64()));
-                metrics::gauge!("outbox_relay_ordering_blocked_keys")
+                metrics::gauge!(crate::metric::ORDERING_BLOCKED_KEYS)
                     .set(s.ordering_blocked_keys as f64);
             }
             Err(e) => tracing::warn!(error = %e, "sampling the outbox table failed"),

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod housekeeping;
 pub mod lease;
+pub mod metric;
 pub mod relay;
 pub mod retry;
 pub mod shutdown;

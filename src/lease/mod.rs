@@ -182,7 +182,7 @@ impl Keeper {
 
 fn publish(tx: &watch::Sender<LeaseState>, state: LeaseState) {
     let held = matches!(state, LeaseState::Held { .. });
-    metrics::gauge!("outbox_relay_lease_held").set(if held { 1.0 } else { 0.0 });
+    metrics::gauge!(crate::metric::LEASE_HELD).set(if held { 1.0 } else { 0.0 });
     tx.send_replace(state);
 }
 
@@ -243,8 +243,8 @@ async fn run(
             let _ = lease.release().await;
             continue;
         }
-        metrics::counter!("outbox_relay_lease_acquisitions_total").increment(1);
-        metrics::gauge!("outbox_relay_lease_epoch").set(epoch as f64);
+        metrics::counter!(crate::metric::LEASE_ACQUISITIONS).increment(1);
+        metrics::gauge!(crate::metric::LEASE_EPOCH).set(epoch as f64);
         tracing::info!(lease = lease.name(), holder = %lease.holder(), epoch, "lease acquired");
         publish(&tx, held(epoch, deadline, true));
 
@@ -267,26 +267,25 @@ async fn run(
             let sent = Instant::now();
             match tokio::time::timeout(renew_timeout, lease.renew()).await {
                 Ok(Ok(true)) => {
-                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "ok")
-                        .increment(1);
+                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "ok").increment(1);
                     deadline = sent + ttl - drift(ttl);
                     next = sent + ttl / 3;
                     publish(&tx, held(epoch, deadline, true));
                 }
                 Ok(Ok(false)) => {
-                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "rejected")
+                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "rejected")
                         .increment(1);
                     break Some("renewal rejected: another holder has the lease");
                 }
                 Ok(Err(e)) => {
-                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "error")
+                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "error")
                         .increment(1);
                     tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed; retrying");
                     next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
                     publish(&tx, held(epoch, deadline, false));
                 }
                 Err(_) => {
-                    metrics::counter!("outbox_relay_lease_renewals_total", "result" => "timeout")
+                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "timeout")
                         .increment(1);
                     tracing::warn!(lease = lease.name(), "lease renewal timed out; retrying");
                     next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
@@ -297,7 +296,7 @@ async fn run(
         publish(&tx, LeaseState::Standby);
         match lost_reason {
             Some(reason) => {
-                metrics::counter!("outbox_relay_lease_lost_total").increment(1);
+                metrics::counter!(crate::metric::LEASE_LOST).increment(1);
                 tracing::warn!(
                     lease = lease.name(),
                     epoch,

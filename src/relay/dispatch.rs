@@ -98,13 +98,13 @@ impl Dispatcher {
         let d = &job.row.delivery;
         if let Some(Undeliverable::Unreadable(why)) = &job.row.undeliverable {
             tracing::warn!(id = d.id, reason = %why, "row cannot be read; marking it FAILED");
-            metrics::counter!("outbox_relay_rows_undeliverable_total").increment(1);
+            metrics::counter!(crate::metric::ROWS_UNDELIVERABLE).increment(1);
             return Resolution::Failed {
                 error: format!("row could not be read: {why}"),
             };
         }
         let Some(sink) = self.sinks.get(&d.channel) else {
-            metrics::counter!("outbox_relay_deliveries_total", "sink" => "none", "outcome" => "permanent").increment(1);
+            metrics::counter!(crate::metric::DELIVERIES, "sink" => "none", "outcome" => "permanent").increment(1);
             return Resolution::Failed {
                 error: format!("no sink is configured for channel \"{}\"", d.channel),
             };
@@ -121,7 +121,7 @@ impl Dispatcher {
             _ => (d.payload.len() > sink.max_payload_bytes).then_some(d.payload.len() as u64),
         };
         if let Some(bytes) = bytes {
-            metrics::counter!("outbox_relay_rows_undeliverable_total").increment(1);
+            metrics::counter!(crate::metric::ROWS_UNDELIVERABLE).increment(1);
             return Resolution::Failed {
                 error: format!(
                     "payload of {bytes} bytes exceeds {} ({}); it was not sent",
@@ -175,7 +175,7 @@ impl Dispatcher {
         }
 
         let started = Instant::now();
-        metrics::gauge!("outbox_relay_in_flight").increment(1.0);
+        metrics::gauge!(crate::metric::IN_FLIGHT).increment(1.0);
         // The send is polled only while it can still end inside the claim: the clock is read
         // before every poll, so a process paused (SIGSTOP, a long GC-like stall of the host)
         // past that point does not hand the request to the connection when it wakes.
@@ -187,16 +187,16 @@ impl Dispatcher {
                 reason: format!("timed out after {:?}", sink.timeout),
             },
         };
-        metrics::gauge!("outbox_relay_in_flight").decrement(1.0);
+        metrics::gauge!(crate::metric::IN_FLIGHT).decrement(1.0);
         let name = sink.name.clone();
-        metrics::histogram!("outbox_relay_delivery_duration_seconds", "sink" => name.clone())
+        metrics::histogram!(crate::metric::DELIVERY_DURATION, "sink" => name.clone())
             .record(started.elapsed().as_secs_f64());
-        metrics::counter!("outbox_relay_deliveries_total", "sink" => name.clone(), "outcome" => outcome.label())
+        metrics::counter!(crate::metric::DELIVERIES, "sink" => name.clone(), "outcome" => outcome.label())
             .increment(1);
         match &outcome {
             Outcome::Delivered => {
                 let e2e = job.row.age_at_claim + job.claimed_at.elapsed();
-                metrics::histogram!("outbox_relay_end_to_end_seconds", "sink" => name)
+                metrics::histogram!(crate::metric::END_TO_END, "sink" => name)
                     .record(e2e.as_secs_f64());
             }
             Outcome::Throttle { pause, reason } => sink.pause.pause_for(*pause, reason),

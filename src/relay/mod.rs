@@ -211,9 +211,9 @@ impl Relay {
                     continue;
                 }
             };
-            metrics::histogram!("outbox_relay_claim_duration_seconds")
+            metrics::histogram!(crate::metric::CLAIM_DURATION)
                 .record(claimed_at.elapsed().as_secs_f64());
-            metrics::counter!("outbox_relay_claimed_total").increment(rows.len() as u64);
+            metrics::counter!(crate::metric::CLAIMED).increment(rows.len() as u64);
             // A channel that got its whole budget probably has more rows due.
             let mut full = false;
             for (channel, budget) in &budgets.channels {

@@ -175,13 +175,14 @@ async fn write(store: &dyn Queue, batch: Vec<Completion>) -> Written {
                         });
                     }
                     if is_transient(&e) {
-                        metrics::counter!("outbox_relay_result_write_errors_total", "kind" => "transient").increment(1);
+                        metrics::counter!(crate::metric::RESULT_WRITE_ERRORS, "kind" => "transient").increment(1);
                         tracing::warn!(error = %format!("{e:#}"), rows = part.len(), retry_in_ms = wait.as_millis() as u64, "writing results failed; retrying");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(MAX_RETRY_WAIT);
                         continue;
                     }
-                    metrics::counter!("outbox_relay_result_write_errors_total", "kind" => "refused").increment(1);
+                    metrics::counter!(crate::metric::RESULT_WRITE_ERRORS, "kind" => "refused")
+                        .increment(1);
                     if part.len() > 1 {
                         // Split until the refused row is alone; the others go through.
                         let rest = part.split_off(part.len() / 2);
@@ -225,8 +226,7 @@ fn isolate(c: Completion, e: &anyhow::Error, work: &mut Vec<Vec<Completion>>) {
             error = %format!("{e:#}"),
             "the database refused even the generic result for this row; it stays claimed until its claim expires"
         );
-        metrics::counter!("outbox_relay_result_write_errors_total", "kind" => "dropped")
-            .increment(1);
+        metrics::counter!(crate::metric::RESULT_WRITE_ERRORS, "kind" => "dropped").increment(1);
         return;
     }
     tracing::error!(

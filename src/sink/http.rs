@@ -7,10 +7,17 @@
 //! timeout. Snippets kept for reasons are one line, without control characters, cut at a
 //! character boundary.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Most characters of a receiver's or vendor's text kept in a reason.
 pub(crate) const SNIPPET_CHARS: usize = 200;
+
+/// Most bytes of a vendor's answer read (FCM, NHN Cloud, Solapi): their answers are JSON of a
+/// few hundred bytes; a longer one is cut and kept only as a snippet.
+pub(crate) const ANSWER_BYTES: usize = 64 * 1024;
+
+/// The longest `Retry-After` honoured; a larger value is clamped to it.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 
 /// The HTTP client every HTTP sink uses, built once per sink: `timeout` bounds a whole request;
 /// connecting gets at most half of it (5 s at most), so a request that never connected is told
@@ -54,6 +61,57 @@ pub(crate) fn describe_send_error(e: reqwest::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// A response as far as it was read: status, `Retry-After`, and the body up to a cap.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// The raw `Retry-After` header.
+    pub retry_after: Option<String>,
+    /// The body; a body longer than the cap is replaced by a note and its snippet.
+    pub body: Vec<u8>,
+}
+
+/// Reads a response into a [`Reply`], at most `cap` bytes of its body. On a transport error
+/// while reading the body, the status (which did arrive) comes back with the error.
+pub(crate) async fn read_reply(
+    resp: reqwest::Response,
+    cap: usize,
+) -> Result<Reply, (u16, reqwest::Error)> {
+    let status = resp.status().as_u16();
+    let retry_after = retry_after_header(&resp);
+    let body = read_capped(resp, cap).await.map_err(|e| (status, e))?;
+    let body = if body.truncated {
+        format!(
+            "(an answer of more than {cap} bytes, not read whole) {}",
+            snippet(&String::from_utf8_lossy(&body.bytes))
+        )
+        .into_bytes()
+    } else {
+        body.bytes
+    };
+    Ok(Reply {
+        status,
+        retry_after,
+        body,
+    })
+}
+
+/// `Retry-After` as delta-seconds (`120`) or an HTTP-date (`Wed, 21 Oct 2015 07:28:00 GMT`,
+/// and the obsolete forms RFC 9110 asks recipients to accept), clamped to
+/// [`MAX_RETRY_AFTER`]. A date in the past gives zero.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let d = match value.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let at = httpdate::parse_http_date(value).ok()?;
+            at.duration_since(now).unwrap_or(Duration::ZERO)
+        }
+    };
+    Some(d.min(MAX_RETRY_AFTER))
 }
 
 /// A response body as far as it was read.
@@ -102,6 +160,38 @@ pub(crate) fn snippet(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_in_every_form() {
+        use std::time::UNIX_EPOCH;
+        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_480); // Wed, 21 Oct 2015 07:28:00 GMT
+        let s = Duration::from_secs;
+        assert_eq!(
+            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
+            Some(s(30))
+        );
+        // RFC 850 and asctime forms.
+        assert_eq!(
+            parse_retry_after("Wednesday, 21-Oct-15 07:29:00 GMT", now),
+            Some(s(60))
+        );
+        assert_eq!(
+            parse_retry_after("Wed Oct 21 07:28:05 2015", now),
+            Some(s(5))
+        );
+        assert_eq!(parse_retry_after(" 120 ", now), Some(s(120)));
+        assert_eq!(parse_retry_after("999999", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(
+            parse_retry_after("Tue, 20 Oct 2015 07:28:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-5", now), None);
+        assert_eq!(
+            parse_retry_after("Wed, 32 Oct 2015 07:28:00 GMT", now),
+            None
+        );
+    }
 
     #[test]
     fn snippets_are_one_clean_line() {

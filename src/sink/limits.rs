@@ -92,7 +92,7 @@ pub struct Pause {
 
 impl Pause {
     pub fn new(sink: &str) -> Self {
-        metrics::gauge!("outbox_relay_sink_paused", "sink" => sink.to_string()).set(0.0);
+        metrics::gauge!(crate::metric::SINK_PAUSED, "sink" => sink.to_string()).set(0.0);
         Pause {
             sink: sink.to_string(),
             until: Arc::new(Mutex::new(None)),
@@ -109,7 +109,7 @@ impl Pause {
         if g.is_none_or(|u| u < until) {
             *g = Some(until);
             tracing::warn!(sink = %self.sink, pause_ms = d.as_millis() as u64, reason, "sink paused");
-            metrics::gauge!("outbox_relay_sink_paused", "sink" => self.sink.clone()).set(1.0);
+            metrics::gauge!(crate::metric::SINK_PAUSED, "sink" => self.sink.clone()).set(1.0);
             // Clear the pause when it runs out even if no delivery to this sink asks again
             // (a standby, or no more rows): otherwise sink_paused would stay 1 for good.
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -140,7 +140,7 @@ fn clear_if_over(sink: &str, until: &Mutex<Option<Instant>>) -> Option<Duration>
         Some(_) => {
             *g = None;
             tracing::info!(sink, "sink resumed");
-            metrics::gauge!("outbox_relay_sink_paused", "sink" => sink.to_string()).set(0.0);
+            metrics::gauge!(crate::metric::SINK_PAUSED, "sink" => sink.to_string()).set(0.0);
             None
         }
         None => None,

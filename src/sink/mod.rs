@@ -11,7 +11,7 @@
 
 pub mod alimtalk;
 pub mod fcm;
-mod http;
+pub mod http;
 mod limits;
 mod log;
 mod spec;
@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
-pub(crate) use http::{describe_send_error, http_client, read_capped, retry_after_header, snippet};
+pub(crate) use http::{
+    ANSWER_BYTES, Reply, describe_send_error, http_client, read_capped, read_reply, snippet,
+};
 pub use limits::{Pause, RateLimiter};
 pub use spec::{SinkKind, SinkSpec};
 use tokio::sync::Semaphore;

@@ -1,5 +1,4 @@
-//! Logs, metrics and health. Metric names are public interface (the README's Metrics section): dashboards
-//! and alerts depend on them, so they are defined here once.
+//! Logs, metrics and health. Metric names are defined once, in [`crate::metric`].
 
 mod http;
 
@@ -13,6 +12,7 @@ use tracing_subscriber::prelude::*;
 pub use http::serve;
 
 use crate::config::{LogFormat, LogSettings};
+use crate::metric;
 
 /// Starts logging to stderr. `RUST_LOG` overrides `log.level`.
 pub fn init_logging(log: &LogSettings) {
@@ -52,82 +52,22 @@ const END_TO_END_BUCKETS: &[f64] = &[
 /// Installs the global metrics recorder and describes every metric.
 pub fn install_metrics() -> anyhow::Result<PrometheusHandle> {
     let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full("outbox_relay_end_to_end_seconds".into()),
-            END_TO_END_BUCKETS,
-        )?
+        .set_buckets_for_metric(Matcher::Full(metric::END_TO_END.into()), END_TO_END_BUCKETS)?
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)?
         .install_recorder()?;
     describe();
-    metrics::gauge!("outbox_relay_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metrics::gauge!(metric::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     Ok(handle)
 }
 
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        "outbox_relay_deliveries_total",
-        "Delivery attempts by sink and outcome."
-    );
-    describe_histogram!(
-        "outbox_relay_delivery_duration_seconds",
-        "Time one delivery attempt took."
-    );
-    describe_histogram!(
-        "outbox_relay_end_to_end_seconds",
-        "From the row's created_at to its delivery."
-    );
-    describe_counter!("outbox_relay_claimed_total", "Rows claimed.");
-    describe_counter!(
-        "outbox_relay_rows_undeliverable_total",
-        "Claimed rows finished FAILED because a column could not be read or the payload was over every sink's limit."
-    );
-    describe_counter!(
-        "outbox_relay_result_write_errors_total",
-        "Failed result writes by kind: transient (retried), refused (the batch is split to isolate the row), dropped (even the generic result was refused)."
-    );
-    describe_histogram!(
-        "outbox_relay_claim_duration_seconds",
-        "Time one claim statement took."
-    );
-    describe_gauge!("outbox_relay_in_flight", "Deliveries being sent right now.");
-    describe_gauge!(
-        "outbox_relay_lease_held",
-        "1 while this instance holds the lease."
-    );
-    describe_gauge!(
-        "outbox_relay_lease_epoch",
-        "The fencing epoch of the lease last acquired."
-    );
-    describe_counter!(
-        "outbox_relay_lease_acquisitions_total",
-        "Times this instance acquired the lease."
-    );
-    describe_counter!(
-        "outbox_relay_lease_renewals_total",
-        "Lease renewals by result."
-    );
-    describe_counter!(
-        "outbox_relay_lease_lost_total",
-        "Times a held lease was lost."
-    );
-    describe_gauge!(
-        "outbox_relay_sink_paused",
-        "1 while a sink is paused (throttle or config error)."
-    );
-    describe_gauge!("outbox_relay_build_info", "Build information.");
-    describe_gauge!(
-        "outbox_relay_rows",
-        "Rows in the outbox table by status (sampled)."
-    );
-    describe_gauge!(
-        "outbox_relay_oldest_pending_seconds",
-        "Age of the oldest PENDING or RETRY row (sampled)."
-    );
-    describe_gauge!(
-        "outbox_relay_ordering_blocked_keys",
-        "Ordering keys with rows held back behind an unfinished earlier row (sampled)."
-    );
+    for (name, kind, help) in metric::ALL {
+        match kind {
+            metric::Kind::Counter => metrics::describe_counter!(*name, *help),
+            metric::Kind::Gauge => metrics::describe_gauge!(*name, *help),
+            metric::Kind::Histogram => metrics::describe_histogram!(*name, *help),
+        }
+    }
 }
 
 /// What `/readyz` reports, shared by the parts that know.

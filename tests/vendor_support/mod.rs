@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use outbox_relay::config::Settings;
-use outbox_relay::sink::{Delivery, Outcome, SinkHandle, SinkRegistry};
+use outbox_relay::sink::{Delivery, Outcome, SinkHandle, SinkRegistry, SinkSpec};
 use outbox_relay::store::{NewRow, SqlStore};
 use sqlx::Row;
 
@@ -139,12 +139,15 @@ pub fn sink_from_toml(toml: &str, name: &str) -> Arc<SinkHandle> {
     registry.get(name).expect("sink configured").clone()
 }
 
-/// Loads `toml` and returns the configuration error's text.
+/// Loads `toml` and parses its sinks, as the CLI does, and returns the configuration error's
+/// text.
 pub fn config_error(toml: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("relay.toml");
     std::fs::write(&path, toml).expect("write config");
-    match Settings::load_with_env(Some(&path), Some(BTreeMap::new())) {
+    let loaded = Settings::load_with_env(Some(&path), Some(BTreeMap::new()))
+        .and_then(|s| SinkSpec::all(&s).map(|_| s));
+    match loaded {
         Ok(_) => panic!("config was accepted:\n{toml}"),
         Err(e) => e.to_string(),
     }

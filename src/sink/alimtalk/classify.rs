@@ -19,7 +19,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::sink::Outcome;
-use crate::sink::webhook::parse_retry_after;
+use crate::sink::http::parse_retry_after;
 
 /// How long a 429 without `Retry-After` pauses the sink.
 pub const DEFAULT_THROTTLE: Duration = Duration::from_secs(60);

@@ -35,12 +35,8 @@ pub use payload::{Fallback, TemplateMessage, normalize_phone};
 pub use solapi::{authorization, iso8601, signature};
 
 pub(crate) use super::snippet;
-use super::{Delivery, Outcome, Sink, describe_send_error, read_capped};
+use super::{ANSWER_BYTES, Delivery, Outcome, Reply, Sink, describe_send_error, read_reply};
 use crate::BoxFuture;
-
-/// Most bytes of a vendor answer read: NHN's and Solapi's JSON is small; a larger body is
-/// cut and then classified as unparseable.
-const ANSWER_BYTES: usize = 64 * 1024;
 
 /// Delivers rows to one vendor account.
 pub struct AlimtalkSink {
@@ -60,17 +56,6 @@ enum Vendor {
     Nhn(nhn::Nhn),
     /// Solapi Messages v4.
     Solapi(solapi::Solapi),
-}
-
-/// A vendor's answer, read in full.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    /// HTTP status.
-    pub status: u16,
-    /// The raw `Retry-After` header.
-    pub retry_after: Option<String>,
-    /// The body.
-    pub body: Vec<u8>,
 }
 
 /// What an exchange with the vendor established.
@@ -205,25 +190,10 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
             ))
         }
     })?;
-    let status = resp.status().as_u16();
-    let retry_after = super::retry_after_header(&resp);
-    let body = read_capped(resp, ANSWER_BYTES).await.map_err(|e| {
+    read_reply(resp, ANSWER_BYTES).await.map_err(|(status, e)| {
         Verdict::Unknown(format!(
             "HTTP {status} but its body was lost ({})",
             describe_send_error(e)
         ))
-    })?;
-    Ok(Reply {
-        status,
-        retry_after,
-        body: if body.truncated {
-            format!(
-                "(an answer of more than {ANSWER_BYTES} bytes, not read whole) {}",
-                snippet(&String::from_utf8_lossy(&body.bytes))
-            )
-            .into_bytes()
-        } else {
-            body.bytes
-        },
     })
 }

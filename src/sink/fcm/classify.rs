@@ -19,7 +19,7 @@ use serde::Deserialize;
 
 use super::snippet;
 use crate::sink::Outcome;
-use crate::sink::webhook::parse_retry_after;
+use crate::sink::http::parse_retry_after;
 
 /// How long a 429 pauses the sink when FCM gives no `Retry-After` (Firebase's guidance).
 pub const DEFAULT_THROTTLE: Duration = Duration::from_secs(60);

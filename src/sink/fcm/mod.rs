@@ -34,12 +34,8 @@ pub use message::{MAX_PAYLOAD, MAX_TOPIC_PAYLOAD, build as build_body};
 pub use oauth::{AccessToken, SCOPE, TokenError, TokenSource, refresh_margin};
 
 pub(crate) use super::snippet;
-use super::{Delivery, Outcome, Sink, describe_send_error, read_capped};
+use super::{ANSWER_BYTES, Delivery, Outcome, Reply, Sink, describe_send_error, read_reply};
 use crate::BoxFuture;
-
-/// Most bytes of an FCM answer read: its JSON is small; a larger body is cut and then
-/// classified as unparseable.
-const ANSWER_BYTES: usize = 64 * 1024;
 
 /// Delivers rows to one Firebase project.
 pub struct FcmSink {
@@ -55,16 +51,6 @@ pub struct FcmSink {
     validate_only: bool,
     /// The budget of one delivery, token fetch and resend included.
     timeout: Duration,
-}
-
-/// A response read in full: status, `Retry-After`, body.
-struct Answer {
-    /// HTTP status.
-    status: u16,
-    /// The raw `Retry-After` header.
-    retry_after: Option<String>,
-    /// The body as text (lossy UTF-8).
-    body: String,
 }
 
 impl FcmSink {
@@ -98,7 +84,8 @@ impl FcmSink {
             Ok(a) => a,
             Err(o) => return o,
         };
-        let answer = if wants_new_token(answer.status, &ErrorBody::parse(&answer.body)) {
+        let text = |a: &Reply| String::from_utf8_lossy(&a.body).into_owned();
+        let answer = if wants_new_token(answer.status, &ErrorBody::parse(&text(&answer))) {
             tracing::info!(sink = %self.name, id = d.id, "FCM refused the access token (401); fetching a new one and resending once");
             let fresh = match self.tokens.replace(&token, deadline).await {
                 Ok(t) => t,
@@ -114,7 +101,7 @@ impl FcmSink {
         if (200..300).contains(&answer.status) {
             return Outcome::Delivered;
         }
-        classify(answer.status, answer.retry_after.as_deref(), &answer.body)
+        classify(answer.status, answer.retry_after.as_deref(), &text(&answer))
     }
 
     /// One POST within what is left of the budget; transport failures are `Retry`.
@@ -123,7 +110,7 @@ impl FcmSink {
         body: &[u8],
         token: &AccessToken,
         deadline: Instant,
-    ) -> Result<Answer, Outcome> {
+    ) -> Result<Reply, Outcome> {
         let Some(budget) = deadline
             .checked_duration_since(Instant::now())
             .filter(|d| !d.is_zero())
@@ -153,28 +140,19 @@ impl FcmSink {
                 after: None,
                 reason: format!("FCM: {}", describe_send_error(e)),
             })?;
-        let status = resp.status().as_u16();
-        let retry_after = super::retry_after_header(&resp);
-        let body = match read_capped(resp, ANSWER_BYTES).await {
-            Ok(b) if b.truncated => format!(
-                "(an answer of more than {ANSWER_BYTES} bytes, not read whole) {}",
-                snippet(&String::from_utf8_lossy(&b.bytes))
-            ),
-            Ok(b) => String::from_utf8_lossy(&b.bytes).into_owned(),
+        match read_reply(resp, ANSWER_BYTES).await {
+            Ok(reply) => Ok(reply),
             // A 2xx whose body was cut off still was accepted.
-            Err(_) if (200..300).contains(&status) => String::new(),
-            Err(e) => {
-                return Err(Outcome::Retry {
-                    after: None,
-                    reason: format!("FCM HTTP {status}: {}", describe_send_error(e)),
-                });
-            }
-        };
-        Ok(Answer {
-            status,
-            retry_after,
-            body,
-        })
+            Err((status, _)) if (200..300).contains(&status) => Ok(Reply {
+                status,
+                retry_after: None,
+                body: Vec::new(),
+            }),
+            Err((status, e)) => Err(Outcome::Retry {
+                after: None,
+                reason: format!("FCM HTTP {status}: {}", describe_send_error(e)),
+            }),
+        }
     }
 }
 

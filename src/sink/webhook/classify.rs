@@ -2,12 +2,10 @@
 //! 429 throttles the sink; 408, 409, 425 and 5xx retry, honouring `Retry-After`; 410 and every
 //! other status permanent.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use crate::sink::Outcome;
-
-/// The longest `Retry-After` honoured; a larger value is clamped to it.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+use crate::sink::http::parse_retry_after;
 /// The throttle applied on 429 when the receiver gives no `Retry-After`.
 pub const DEFAULT_THROTTLE: Duration = Duration::from_secs(5);
 
@@ -43,53 +41,6 @@ pub fn classify(status: u16, retry_after: Option<&str>, body_start: &str) -> Out
     }
 }
 
-/// `Retry-After` as delta-seconds (`120`) or an HTTP-date (`Wed, 21 Oct 2015 07:28:00 GMT`),
-/// clamped to [`MAX_RETRY_AFTER`]. A date in the past gives zero.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    let d = if let Ok(secs) = value.parse::<u64>() {
-        Duration::from_secs(secs)
-    } else {
-        let at = parse_http_date(value)?;
-        let now = now.duration_since(UNIX_EPOCH).ok()?.as_secs();
-        Duration::from_secs(at.saturating_sub(now))
-    };
-    Some(d.min(MAX_RETRY_AFTER))
-}
-
-/// Parses an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) into Unix seconds.
-fn parse_http_date(s: &str) -> Option<u64> {
-    let parts: Vec<&str> = s.split_whitespace().collect();
-    if parts.len() != 6 || parts[5] != "GMT" {
-        return None;
-    }
-    let day: u64 = parts[1].parse().ok()?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| *m == parts[2])? as u64
-        + 1;
-    let year: i64 = parts[3].parse().ok()?;
-    let hms: Vec<u64> = parts[4]
-        .split(':')
-        .map(|p| p.parse().ok())
-        .collect::<Option<_>>()?;
-    if hms.len() != 3 || hms[0] > 23 || hms[1] > 59 || hms[2] > 60 || !(1..=31).contains(&day) {
-        return None;
-    }
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month as i64 + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + (hms[0] * 3600 + hms[1] * 60 + hms[2]) as i64;
-    u64::try_from(secs).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,24 +68,5 @@ mod tests {
             Outcome::Retry { after, .. } => assert_eq!(after, Some(Duration::from_secs(2))),
             o => panic!("{o:?}"),
         }
-    }
-
-    #[test]
-    fn retry_after_in_both_forms() {
-        let now = UNIX_EPOCH + Duration::from_secs(1_445_412_480); // Wed, 21 Oct 2015 07:28:00 GMT
-        assert_eq!(
-            parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", now),
-            Some(Duration::from_secs(30))
-        );
-        assert_eq!(
-            parse_retry_after("120", now),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(parse_retry_after("999999", now), Some(MAX_RETRY_AFTER));
-        assert_eq!(
-            parse_retry_after("Tue, 20 Oct 2015 07:28:00 GMT", now),
-            Some(Duration::ZERO)
-        );
-        assert_eq!(parse_retry_after("soon", now), None);
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
-pub use classify::{classify, parse_retry_after};
+pub use classify::classify;
 pub use config::WebhookConfig;
 pub use request::{sign, signing_key};
 
@@ -107,7 +107,7 @@ impl WebhookSink {
         if resp.status().is_success() {
             return Outcome::Delivered;
         }
-        let retry_after = super::retry_after_header(&resp);
+        let retry_after = super::http::retry_after_header(&resp);
         let body = read_capped(resp, ERROR_BODY_BYTES)
             .await
             .map(|b| String::from_utf8_lossy(&b.bytes).into_owned())

@@ -1,0 +1,151 @@
+//! Every metric's name and help text, defined once. The names are public interface (the
+//! README's Metrics section): dashboards and alerts depend on them, so code refers to these
+//! constants and never spells a name itself; `telemetry` describes each from [`ALL`].
+
+/// Delivery attempts, labelled `sink` and `outcome`.
+pub const DELIVERIES: &str = "outbox_relay_deliveries_total";
+/// Time one delivery attempt took, labelled `sink`.
+pub const DELIVERY_DURATION: &str = "outbox_relay_delivery_duration_seconds";
+/// From a row's `created_at` to its delivery, labelled `sink`.
+pub const END_TO_END: &str = "outbox_relay_end_to_end_seconds";
+/// Rows claimed.
+pub const CLAIMED: &str = "outbox_relay_claimed_total";
+/// Time one claim statement took.
+pub const CLAIM_DURATION: &str = "outbox_relay_claim_duration_seconds";
+/// Claimed rows finished FAILED unsent (unreadable column, payload over every limit).
+pub const ROWS_UNDELIVERABLE: &str = "outbox_relay_rows_undeliverable_total";
+/// Failed result writes, labelled `kind` (`transient`, `refused`, `dropped`).
+pub const RESULT_WRITE_ERRORS: &str = "outbox_relay_result_write_errors_total";
+/// Deliveries being sent right now.
+pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
+/// 1 while this instance holds the lease.
+pub const LEASE_HELD: &str = "outbox_relay_lease_held";
+/// The fencing epoch of the lease last acquired.
+pub const LEASE_EPOCH: &str = "outbox_relay_lease_epoch";
+/// Times this instance acquired the lease.
+pub const LEASE_ACQUISITIONS: &str = "outbox_relay_lease_acquisitions_total";
+/// Lease renewals, labelled `result` (`ok`, `rejected`, `error`, `timeout`).
+pub const LEASE_RENEWALS: &str = "outbox_relay_lease_renewals_total";
+/// Times a held lease was lost.
+pub const LEASE_LOST: &str = "outbox_relay_lease_lost_total";
+/// 1 while a sink is paused, labelled `sink`.
+pub const SINK_PAUSED: &str = "outbox_relay_sink_paused";
+/// Always 1, labelled `version`.
+pub const BUILD_INFO: &str = "outbox_relay_build_info";
+/// Rows by status (sampled), labelled `status`.
+pub const ROWS: &str = "outbox_relay_rows";
+/// Age of the oldest PENDING or RETRY row (sampled).
+pub const OLDEST_PENDING: &str = "outbox_relay_oldest_pending_seconds";
+/// Ordering keys with rows held back behind an unfinished earlier row (sampled).
+pub const ORDERING_BLOCKED_KEYS: &str = "outbox_relay_ordering_blocked_keys";
+
+/// What kind of metric a name is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric: name, kind, help.
+pub const ALL: &[(&str, Kind, &str)] = &[
+    (
+        DELIVERIES,
+        Kind::Counter,
+        "Delivery attempts by sink and outcome.",
+    ),
+    (
+        DELIVERY_DURATION,
+        Kind::Histogram,
+        "Time one delivery attempt took.",
+    ),
+    (
+        END_TO_END,
+        Kind::Histogram,
+        "From the row's created_at to its delivery.",
+    ),
+    (CLAIMED, Kind::Counter, "Rows claimed."),
+    (
+        CLAIM_DURATION,
+        Kind::Histogram,
+        "Time one claim statement took.",
+    ),
+    (
+        ROWS_UNDELIVERABLE,
+        Kind::Counter,
+        "Claimed rows finished FAILED because a column could not be read or the payload was over every sink's limit.",
+    ),
+    (
+        RESULT_WRITE_ERRORS,
+        Kind::Counter,
+        "Failed result writes by kind: transient (retried), refused (the batch is split to isolate the row), dropped (even the generic result was refused).",
+    ),
+    (IN_FLIGHT, Kind::Gauge, "Deliveries being sent right now."),
+    (
+        LEASE_HELD,
+        Kind::Gauge,
+        "1 while this instance holds the lease.",
+    ),
+    (
+        LEASE_EPOCH,
+        Kind::Gauge,
+        "The fencing epoch of the lease last acquired.",
+    ),
+    (
+        LEASE_ACQUISITIONS,
+        Kind::Counter,
+        "Times this instance acquired the lease.",
+    ),
+    (LEASE_RENEWALS, Kind::Counter, "Lease renewals by result."),
+    (LEASE_LOST, Kind::Counter, "Times a held lease was lost."),
+    (
+        SINK_PAUSED,
+        Kind::Gauge,
+        "1 while a sink is paused (throttle or config error).",
+    ),
+    (BUILD_INFO, Kind::Gauge, "Build information."),
+    (
+        ROWS,
+        Kind::Gauge,
+        "Rows in the outbox table by status (sampled).",
+    ),
+    (
+        OLDEST_PENDING,
+        Kind::Gauge,
+        "Age of the oldest PENDING or RETRY row (sampled).",
+    ),
+    (
+        ORDERING_BLOCKED_KEYS,
+        Kind::Gauge,
+        "Ordering keys with rows held back behind an unfinished earlier row (sampled).",
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::ALL;
+
+    /// The README lists every metric (without the `outbox_relay_` prefix), and nothing else.
+    #[test]
+    fn the_readme_lists_every_metric() {
+        let readme = include_str!("../README.md");
+        let section = readme
+            .split("## Metrics")
+            .nth(1)
+            .and_then(|s| s.split("\n## ").next())
+            .expect("a Metrics section");
+        for (name, _, _) in ALL {
+            let short = name.trim_start_matches("outbox_relay_");
+            assert!(
+                section.contains(&format!("`{short}")),
+                "README lacks {short}"
+            );
+        }
+        let listed = section.matches("`").count() / 2;
+        assert!(
+            listed >= ALL.len(),
+            "{listed} code spans for {} metrics",
+            ALL.len()
+        );
+    }
+}
