@@ -329,3 +329,6 @@ async fn backoff(stop: &CancellationToken, failures: u32, cap: Duration) {
         _ = tokio::time::sleep(d.min(cap).min(Duration::from_secs(5))) => {}
     }
 }
+
+#[cfg(test)]
+mod tests;

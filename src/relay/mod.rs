@@ -18,6 +18,8 @@
 mod budget;
 mod dispatch;
 mod recorder;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
