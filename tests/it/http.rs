@@ -2,11 +2,9 @@
 //! stays false while the database is unreachable (the relay retries instead of crashing), and
 //! `/metrics` carries the metric names the README lists after a delivery.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::process::*;
+use crate::support::process::*;
 
 /// `outbox-relay run` in `dir` with only the variables `envs`; its log is `<dir>/relay.log`.
 fn start(dir: &std::path::Path, envs: &[(&str, String)]) -> RelayProc {

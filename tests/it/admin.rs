@@ -7,15 +7,13 @@
 //! test slow. `run`'s retention loop only takes a short database lease and then calls
 //! `purge_all`, which is tested here at library level with the rules retention builds.
 
-mod support;
-
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::process::*;
+use crate::support::*;
 use outbox_relay::housekeeping::{self, PURGE_BATCH};
 use outbox_relay::store::{Finished, LeaseTable, NewRow};
-use support::process::*;
-use support::*;
 use tokio_util::sync::CancellationToken;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);

@@ -3,9 +3,8 @@
 //! Standard Webhooks signature when it knows the secret, and answers from a per-test script.
 //!
 //! Scripting: [`Receiver::script`] queues replies for one row id, consumed one per attempt;
-//! once a row's queue is empty (or it has none) the default reply is used
-//! ([`Receiver::set_default`], 200 unless changed). [`Receiver::set_delay`] holds every answer
-//! back for a while (a slow receiver keeps requests in flight).
+//! once a row's queue is empty (or it has none) the reply is 200. [`Receiver::set_delay`]
+//! holds every answer back for a while (a slow receiver keeps requests in flight).
 //!
 //! The signature is checked with an implementation of its own (hmac/sha2/base64 directly), not
 //! the relay's signing code, so a signing bug cannot verify itself.
@@ -152,11 +151,6 @@ impl Receiver {
             .entry(id)
             .or_default()
             .extend(replies);
-    }
-
-    /// The reply for every request without a scripted one.
-    pub fn set_default(&self, reply: Reply) {
-        lock(&self.inner.script).default = reply;
     }
 
     /// Holds every answer back this long (applies to requests arriving from now on).

@@ -9,47 +9,18 @@
 //! - while results cannot be written (a transient error), nothing new is claimed, and once
 //!   they can, every row ends SUCCESS having been sent exactly once.
 
-mod support;
-
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
+use crate::support::config::{Config, Sink};
+use crate::support::process::*;
+use crate::support::receiver::{Receiver, Reply};
+use crate::support::*;
 use sqlx::Row;
-use support::process::*;
-use support::receiver::{Receiver, Reply};
-use support::*;
 
-/// A config with one webhook sink `hook`; `relay_extra` goes into `[relay]`, `sink_extra`
-/// into `[sinks.hook]`.
-fn config(url: &str, relay_extra: &str, sink_extra: &str) -> String {
-    format!(
-        r#"
-[relay]
-poll_interval = "50ms"
-{relay_extra}
-
-[retry]
-initial_backoff = "1s"
-max_backoff = "1s"
-max_attempts = 1
-
-[sinks.hook]
-kind = "webhook"
-url = "{url}"
-timeout = "5s"
-{sink_extra}
-"#
-    )
-}
-
-fn start(td: &TestDb, cfg: &Path) -> RelayProc {
-    RelayProc::start_instance(
-        td,
-        cfg,
-        "one",
-        [("OUTBOX_RELAY__LEASE__NAME", td.table.as_str())],
-    )
+/// The config every test starts from: one webhook sink `hook`, one attempt per row.
+fn base(rx: &Receiver) -> Config {
+    Config::webhook(&rx.url()).retry(Duration::from_secs(1), Duration::from_secs(1), 1)
 }
 
 /// (status, last_error) of every row, by id.
@@ -172,12 +143,8 @@ async fn undecodable_rows_fail_alone(db: Db) {
     }
     insert_good(&td, 100..=102).await;
 
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        &config(&rx.url(), "batch_size = 20", "max_body_bytes = 2000"),
-    );
-    let _relay = start(&td, &cfg);
+    let cfg = base(&rx).batch_size(20).hook(|s| s.max_body_bytes(2000));
+    let _relay = RelayProc::start(&td, &cfg, "one");
     until_finished(&td, Duration::from_secs(20)).await;
 
     let state = rows(&td).await;
@@ -243,8 +210,7 @@ async fn refused_result_is_isolated(db: Db) {
     insert_good(&td, 1..=30).await;
     let poisoned = td.scalar("SELECT MIN(id) FROM {t}").await + 7;
     refuse_success_of(&td, poisoned).await;
-    let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
-    let _relay = start(&td, &cfg);
+    let _relay = RelayProc::start(&td, &base(&rx), "one");
     until_finished(&td, Duration::from_secs(20)).await;
     // Long enough for a stuck result to show up as a re-send.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -281,8 +247,7 @@ async fn control_characters_in_reasons_are_stored_clean(db: Db) {
         victim,
         vec![Reply::status(400).body("bad\u{0}token\u{1b}[0m \u{7f}end")],
     );
-    let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
-    let _relay = start(&td, &cfg);
+    let _relay = RelayProc::start(&td, &base(&rx), "one");
     until_finished(&td, Duration::from_secs(20)).await;
 
     let state = rows(&td).await;
@@ -341,16 +306,8 @@ async fn unwritable_results_stop_new_claims(db: Db) {
     let rx = Receiver::start(None).await;
     insert_good(&td, 1..=40).await;
     block_results(&td).await;
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        &config(
-            &rx.url(),
-            "max_in_flight = 4\nbatch_size = 4\nclaim_ttl = \"40s\"",
-            "",
-        ),
-    );
-    let mut relay = start(&td, &cfg);
+    let cfg = base(&rx).in_flight(4).claim_ttl(Duration::from_secs(40));
+    let mut relay = RelayProc::start(&td, &cfg, "one");
     rx.expect_requests(1, Duration::from_secs(15), "the first batch")
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -399,12 +356,7 @@ async fn sqlite_locked_for_a_while_loses_nothing() {
     let rx = Receiver::start(None).await;
     rx.set_delay(Duration::from_millis(300));
     insert_good(&td, 1..=60).await;
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        &config(&rx.url(), "max_in_flight = 8\nbatch_size = 8", ""),
-    );
-    let _relay = start(&td, &cfg);
+    let _relay = RelayProc::start(&td, &base(&rx).in_flight(8), "one");
     rx.expect_requests(8, Duration::from_secs(15), "the first batch")
         .await;
     {
@@ -453,12 +405,8 @@ async fn shutdown_is_bounded_on_a_locked_table(db: Db) {
         return;
     };
     let rx = Receiver::start(None).await;
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        &config(&rx.url(), "shutdown_timeout = \"3s\"", ""),
-    );
-    let mut relay = start(&td, &cfg);
+    let cfg = base(&rx).shutdown_timeout(Duration::from_secs(3));
+    let mut relay = RelayProc::start(&td, &cfg, "one");
     insert_good(&td, 1..=3).await;
     rx.expect_requests(3, Duration::from_secs(15), "rows before the lock")
         .await;
@@ -484,7 +432,7 @@ per_db!(shutdown_is_bounded_on_a_locked_table);
 /// A slow sink never delays another sink's rows: 20 rows for a sink that takes 1 s per send
 /// with concurrency 4 (or a rate of 4/s) are claimed first, then 20 rows for a fast sink;
 /// with 8 in-flight slots, the fast rows must not wait for the slow campaign.
-async fn slow_sink_does_not_delay_others(db: Db, slow_limit: &str) {
+async fn slow_sink_does_not_delay_others(db: Db, slow_limit: fn(Sink) -> Sink) {
     let Some(td) = TestDb::open(db, "bad_fair").await else {
         return;
     };
@@ -500,29 +448,13 @@ async fn slow_sink_does_not_delay_others(db: Db, slow_limit: &str) {
             .await;
         }
     }
-    let cfg = format!(
-        r#"
-[relay]
-poll_interval = "200ms"
-max_in_flight = 8
-batch_size = 8
-
-[sinks.slow]
-kind = "webhook"
-url = "{}"
-timeout = "5s"
-{slow_limit}
-
-[sinks.fast]
-kind = "webhook"
-url = "{}"
-timeout = "5s"
-"#,
-        slow.url(),
-        fast.url()
-    );
-    let cfg = write_config(td.dir.path(), "relay.toml", &cfg);
-    let _relay = start(&td, &cfg);
+    let cfg = Config::webhook(&fast.url())
+        .poll_interval(Duration::from_millis(200))
+        .in_flight(8)
+        .no_sinks()
+        .with_sink(slow_limit(Sink::webhook("slow", &slow.url())).timeout(Duration::from_secs(5)))
+        .with_sink(Sink::webhook("fast", &fast.url()).timeout(Duration::from_secs(5)));
+    let _relay = RelayProc::start(&td, &cfg, "one");
     fast.expect_requests(20, Duration::from_secs(20), "fast rows")
         .await;
     slow.expect_requests(1, Duration::from_secs(5), "slow rows")
@@ -539,8 +471,8 @@ timeout = "5s"
     assert!(
         behind < Duration::from_millis(1500),
         "the last fast row arrived {behind:?} after the slow campaign began\nfast: {}\nslow: {}",
-        support::receiver::timeline(&fast.requests(), first_slow),
-        support::receiver::timeline(&slow.requests(), first_slow)
+        crate::support::receiver::timeline(&fast.requests(), first_slow),
+        crate::support::receiver::timeline(&slow.requests(), first_slow)
     );
     until_finished(&td, Duration::from_secs(30)).await;
     assert_eq!(td.counts().await, [0, 0, 40, 0]);
@@ -552,12 +484,12 @@ timeout = "5s"
 }
 
 async fn slow_sink_by_concurrency(db: Db) {
-    slow_sink_does_not_delay_others(db, "concurrency = 4").await
+    slow_sink_does_not_delay_others(db, |s| s.concurrency(4)).await
 }
 per_db!(slow_sink_by_concurrency);
 
 async fn slow_sink_by_rate(db: Db) {
-    slow_sink_does_not_delay_others(db, "rate_per_sec = 4.0").await
+    slow_sink_does_not_delay_others(db, |s| s.rate_per_sec(4.0)).await
 }
 per_db!(slow_sink_by_rate);
 
@@ -574,12 +506,10 @@ async fn log_sink_fails_payloads_that_are_not_json() {
         .await;
     td.exec("INSERT INTO {t} (channel, payload) VALUES ('log', 'not json {')")
         .await;
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        "[relay]\npoll_interval = \"50ms\"\n\n[sinks.log]\nkind = \"log\"\n",
-    );
-    let _relay = start(&td, &cfg);
+    let cfg = Config::webhook("http://127.0.0.1:1/")
+        .no_sinks()
+        .with_sink(Sink::of_kind("log", "log"));
+    let _relay = RelayProc::start(&td, &cfg, "one");
     until_finished(&td, Duration::from_secs(20)).await;
     let state = rows(&td).await;
     let mut by_status: Vec<(String, Option<String>)> = state.into_values().collect();
@@ -611,7 +541,7 @@ async fn two_tables_default_lease_names(db: Db) {
             .expect("connect");
     store_b.migrate().await.expect("migrate");
     let rx = Receiver::start(None).await;
-    let cfg = write_config(td.dir.path(), "relay.toml", &config(&rx.url(), "", ""));
+    let cfg = base(&rx).write(td.dir.path(), "relay.toml");
     let mut relays = Vec::new();
     for (i, table) in [td.table.clone(), other.clone()].iter().enumerate() {
         let payload = json(db, r#"{"n":1}"#);

@@ -14,15 +14,14 @@
 //!    down) fails and leaves no key behind; renew/release/ping need a quorum; a stalled node
 //!    costs an acquire one node timeout, not the ttl.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::config::Config;
+use crate::support::process::*;
+use crate::support::receiver::{Received, Receiver, only_sender, sender, senders, timeline};
+use crate::support::redis::RedisServer;
+use crate::support::*;
 use outbox_relay::lease::{Lease, RedlockLease};
-use support::process::*;
-use support::receiver::{Received, Receiver, only_sender, sender, senders, timeline};
-use support::redis::RedisServer;
-use support::*;
 
 /// The relays' lease ttl and renew timeout (node timeout: min(200/3, 100) = 66 ms).
 const TTL: Duration = Duration::from_secs(1);
@@ -31,56 +30,25 @@ const TTL: Duration = Duration::from_secs(1);
 /// with 2 of 3 answers still counts), which a one-node-down test then sees as a lost quorum.
 const RENEW_TIMEOUT: Duration = Duration::from_millis(300);
 
-impl RelayProc {
-    /// Starts instance `name` on `td`'s table with the redlock lease `lease` on `nodes`.
-    fn start(
-        td: &TestDb,
-        ttl: Duration,
-        rx: &Receiver,
-        nodes: &[RedisServer],
-        lease: &str,
-        name: &str,
-    ) -> RelayProc {
-        let config = format!(
-            r#"
-[relay]
-poll_interval = "50ms"
-claim_ttl = "7s"
-shutdown_timeout = "5s"
-batch_size = 4
-max_in_flight = 4
-
-[retry]
-initial_backoff = "200ms"
-max_backoff = "1s"
-max_attempts = 20
-
-[log]
-level = "info"
-
-[sinks.hook]
-kind = "webhook"
-url = "{url}"
-timeout = "2s"
-headers = {{ "x-relay" = "{name}" }}
-"#,
-            url = rx.url(),
-        );
-        let config_path = write_config(td.dir.path(), &format!("{name}.toml"), &config);
-        let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
-        RelayProc::start_instance(
-            td,
-            &config_path,
-            name,
-            [
-                ("OUTBOX_RELAY__LEASE__BACKEND", "redlock".to_string()),
-                ("OUTBOX_RELAY__LEASE__REDLOCK_URLS", urls.join(",")),
-                ("OUTBOX_RELAY__LEASE__NAME", lease.to_string()),
-                ("OUTBOX_RELAY__LEASE__TTL", ms(ttl)),
-                ("OUTBOX_RELAY__LEASE__RENEW_TIMEOUT", ms(RENEW_TIMEOUT)),
-            ],
-        )
-    }
+/// Starts instance `name` on `td`'s table with the redlock lease `lease` on `nodes`.
+fn start_relay(
+    td: &TestDb,
+    ttl: Duration,
+    rx: &Receiver,
+    nodes: &[RedisServer],
+    lease: &str,
+    name: &str,
+) -> RelayProc {
+    let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
+    let config = Config::webhook(&rx.url())
+        .claim_ttl(Duration::from_secs(7))
+        .shutdown_timeout(Duration::from_secs(5))
+        .in_flight(4)
+        .retry(Duration::from_millis(200), Duration::from_secs(1), 20)
+        .redlock_lease(&urls, ttl, RENEW_TIMEOUT)
+        .lease_name(lease)
+        .hook(|s| s.timeout(Duration::from_secs(2)).header("x-relay", name));
+    RelayProc::start(td, &config, name)
 }
 
 /// Three redis-servers (`None`: skipped). `extra` goes to every server.
@@ -157,7 +125,7 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
     let t0 = Instant::now();
     let mut relays: Vec<RelayProc> = ["a", "b"]
         .iter()
-        .map(|n| RelayProc::start(&td, TTL, &rx, &nodes, &lease, n))
+        .map(|n| start_relay(&td, TTL, &rx, &nodes, &lease, n))
         .collect();
     let feeder = Feeder::start(td.store.clone(), Duration::from_millis(10));
 
@@ -236,7 +204,7 @@ async fn one_node_down_is_tolerated_two_down_stop_the_holder() {
     let t0 = Instant::now();
     let relays: Vec<RelayProc> = ["a", "b"]
         .iter()
-        .map(|n| RelayProc::start(&td, TTL, &rx, &nodes, &lease, n))
+        .map(|n| start_relay(&td, TTL, &rx, &nodes, &lease, n))
         .collect();
     let feeder = Feeder::start(td.store.clone(), Duration::from_millis(20));
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
@@ -379,7 +347,7 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
     td.insert_hook_rows(20).await;
     let relays: Vec<RelayProc> = ["a", "b"]
         .iter()
-        .map(|n| RelayProc::start(&td, TTL, &rx, &nodes, &lease, n))
+        .map(|n| start_relay(&td, TTL, &rx, &nodes, &lease, n))
         .collect();
 
     tokio::time::sleep_until((t0 + Duration::from_millis(2500)).into()).await;
@@ -463,7 +431,7 @@ async fn sigterm_hands_over_within_300ms() {
     let t0 = Instant::now();
     let mut relays: Vec<RelayProc> = ["a", "b"]
         .iter()
-        .map(|n| RelayProc::start(&td, ttl, &rx, &nodes, &lease, n))
+        .map(|n| start_relay(&td, ttl, &rx, &nodes, &lease, n))
         .collect();
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
@@ -628,7 +596,7 @@ async fn minority_acquire_leaves_no_key_and_operations_need_a_quorum() {
     // (d) A stalled node costs one node timeout, not the ttl.
     let stalled = nodes[2].port();
     let sleeper = tokio::spawn(async move {
-        let _ = support::redis::command(stalled, None, &["DEBUG", "SLEEP", "1.5"]).await;
+        let _ = crate::support::redis::command(stalled, None, &["DEBUG", "SLEEP", "1.5"]).await;
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let t = Instant::now();

@@ -6,16 +6,13 @@
 //! `aud` = token_uri, `exp` = `iat` + 3600). Sinks are built from TOML through the public
 //! configuration API; the last test runs the relay binary.
 
-mod support;
-mod vendor_support;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::vendors::*;
 use outbox_relay::sink::{Outcome, SinkHandle};
 use serde_json::{Value, json};
-use vendor_support::*;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 

@@ -15,56 +15,22 @@
 //! 4. `outbox-relay status` while three instances hold claims lists the live claims per
 //!    instance, matching the table.
 
-mod support;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::support::config::Config;
+use crate::support::process::*;
+use crate::support::receiver::{Received, Receiver, Reply, sender};
+use crate::support::*;
 use sqlx::Row;
-use support::process::*;
-use support::receiver::{Received, Receiver, Reply, sender};
-use support::*;
 
-/// The config every instance starts from: claim mode; `relay_extra` goes into `[relay]`,
-/// `retry_extra` into `[retry]`, `sink_extra` into `[sinks.hook]`, whose `x-relay` header
-/// names the instance.
-fn config_toml(
-    url: &str,
-    instance: &str,
-    relay_extra: &str,
-    retry_extra: &str,
-    sink_extra: &str,
-) -> String {
-    format!(
-        r#"
-[relay]
-mode = "claim"
-poll_interval = "50ms"
-shutdown_timeout = "5s"
-{relay_extra}
-
-[retry]
-{retry_extra}
-
-[log]
-level = "info"
-
-[sinks.hook]
-kind = "webhook"
-url = "{url}"
-headers = {{ "x-relay" = "{instance}" }}
-{sink_extra}
-"#
-    )
-}
-
-impl RelayProc {
-    /// Starts instance `instance` with its own config (`<instance>.toml`, written here);
-    /// stdout and stderr go to `<dir>/<instance>.log`.
-    fn start(td: &TestDb, config_text: &str, instance: &str) -> RelayProc {
-        let config = write_config(td.dir.path(), &format!("{instance}.toml"), config_text);
-        RelayProc::start_instance(td, &config, instance, NO_ENV)
-    }
+/// The config every instance starts from: claim mode, and an `x-relay` header naming the
+/// instance on its requests.
+fn base(rx: &Receiver, instance: &str) -> Config {
+    Config::webhook(&rx.url())
+        .claim_mode()
+        .shutdown_timeout(Duration::from_secs(5))
+        .hook(|s| s.header("x-relay", instance))
 }
 
 /// Inserts webhook rows `(ordering_key, payload)` in multi-row statements of 250. Payloads
@@ -184,7 +150,7 @@ async fn three_instances_share_the_table(db: Db) {
     let names = ["a", "b", "c"];
     let mut relays: Vec<RelayProc> = names
         .iter()
-        .map(|n| RelayProc::start(&td, &config_toml(&rx.url(), n, "", "", ""), n))
+        .map(|n| RelayProc::start(&td, &base(&rx, n), n))
         .collect();
 
     let tdr = &td;
@@ -285,14 +251,16 @@ async fn kill9_claims_expire_and_others_deliver(db: Db) {
     insert_plain(&td, ROWS).await;
     // Each instance claims up to 32 rows but sends only 8 at once: at the kill, the victim
     // holds claims on rows it has sent (in flight) and on rows it has not sent yet.
-    let relay = r#"claim_ttl = "6s"
-batch_size = 32
-max_in_flight = 32"#;
-    let sink = "timeout = \"1s\"\nconcurrency = 8";
+    let config = |n: &str| {
+        base(&rx, n)
+            .claim_ttl(Duration::from_secs(6))
+            .in_flight(32)
+            .hook(|s| s.timeout(Duration::from_secs(1)).concurrency(8))
+    };
     let names = ["a", "b", "c"];
     let mut relays: Vec<RelayProc> = names
         .iter()
-        .map(|n| RelayProc::start(&td, &config_toml(&rx.url(), n, relay, "", sink), n))
+        .map(|n| RelayProc::start(&td, &config(n), n))
         .collect();
 
     // Let the victim get going, then kill it mid-run.
@@ -520,12 +488,13 @@ async fn ordering_keys_in_id_order_across_instances(db: Db) {
         scripted_500s.values().filter(|n| **n == 2).count()
     );
 
-    let retry = "initial_backoff = \"100ms\"\nmax_backoff = \"300ms\"\nmax_attempts = 10";
+    let config =
+        |n: &str| base(&rx, n).retry(Duration::from_millis(100), Duration::from_millis(300), 10);
     let started = Instant::now();
     let names = ["a", "b", "c"];
     let mut relays: Vec<RelayProc> = names
         .iter()
-        .map(|n| RelayProc::start(&td, &config_toml(&rx.url(), n, "", retry, ""), n))
+        .map(|n| RelayProc::start(&td, &config(n), n))
         .collect();
     let total = (KEYS * PER_KEY) as i64;
     let tdr = &td;
@@ -657,12 +626,16 @@ async fn status_lists_live_claims_per_instance(db: Db) {
     rx.set_delay(Duration::from_secs(5));
     insert_plain(&td, 30).await;
     // Five rows per claim and five in flight: each instance's first claim takes five rows.
-    let relay = "claim_ttl = \"12s\"\nbatch_size = 5\nmax_in_flight = 5";
-    let sink = "timeout = \"6s\"";
+    let config = |n: &str| {
+        base(&rx, n)
+            .claim_ttl(Duration::from_secs(12))
+            .in_flight(5)
+            .hook(|s| s.timeout(Duration::from_secs(6)))
+    };
     let names = ["a", "b", "c"];
     let _relays: Vec<RelayProc> = names
         .iter()
-        .map(|n| RelayProc::start(&td, &config_toml(&rx.url(), n, relay, "", sink), n))
+        .map(|n| RelayProc::start(&td, &config(n), n))
         .collect();
     rx.expect_requests(
         15,
@@ -677,11 +650,7 @@ async fn status_lists_live_claims_per_instance(db: Db) {
         "each instance has five rows in flight: {share:?}"
     );
 
-    let cfg = write_config(
-        td.dir.path(),
-        "status.toml",
-        &config_toml(&rx.url(), "status", relay, "", sink),
-    );
+    let cfg = config("status").write(td.dir.path(), "status.toml");
     let out = run_to_end(
         "outbox-relay status",
         relay_with_config(&td, &cfg).arg("status"),

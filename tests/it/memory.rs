@@ -3,13 +3,11 @@
 //! holding a 40 MB payload. The relay's peak resident memory (`VmHWM` of the real process) must
 //! stay far below the Kubernetes sidecar limit of 128 Mi, and every row must end with a reason.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::process::*;
+use crate::support::*;
 use sqlx::Row;
-use support::process::*;
-use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Peak resident memory of process `pid`, in KiB.

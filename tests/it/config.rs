@@ -2,12 +2,10 @@
 //! 2 and an error naming the key (G7), by `check-config` and by `run` alike; environment
 //! overrides apply; secrets never show; the built-in defaults pass with no file at all.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
-use support::process::*;
+use crate::support::process::*;
 
 /// What one run of the binary produced.
 struct Outcome {

@@ -1,12 +1,8 @@
-//! Shared harness of the vendor-sink suites (`tests/fcm.rs`, `tests/alimtalk.rs`): sinks built
+//! Shared harness of the vendor-sink suites (`fcm.rs`, `alimtalk.rs`): sinks built
 //! from TOML through the public configuration API, test RSA keys made with the `openssl` CLI
 //! at test time (never stored in the repository), an RS256 verifier that does not share code
 //! with the relay's signer, request recorders for wiremock servers, and the relay binary run
 //! against a SQLite file with its log captured.
-//!
-//! The relay process is the shared [`RelayProc`] of `tests/support/process.rs`: a suite that
-//! uses this module declares `mod support;` next to `mod vendor_support;`.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

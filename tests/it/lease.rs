@@ -2,14 +2,12 @@
 //! primitives on the database clock, and the [`Keeper`] watchdog driving a [`DatabaseLease`]
 //! (one holder at a time, quick hand-off on release, renewals keep it, a lost lease stops).
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::*;
 use outbox_relay::lease::{DatabaseLease, Keeper, Lease, LeaseState};
 use outbox_relay::store::{LeaseTable, SqlStore};
-use support::*;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

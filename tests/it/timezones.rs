@@ -4,17 +4,15 @@
 //! test with its global zone at +09:00, the zone of the Alimtalk users); a table of the old
 //! DATETIME schema is converted without making any row wait.
 
-mod support;
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::support::process::*;
+use crate::support::receiver::Receiver;
+use crate::support::*;
 use outbox_relay::store::{ClaimRequest, Queue, SqlStore};
 use sqlx::{Connection, Executor};
-use support::process::*;
-use support::receiver::Receiver;
-use support::*;
 
 /// A MariaDB server of the test's own, on a free port, its data in a temporary directory;
 /// killed when dropped.

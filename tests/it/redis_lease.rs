@@ -17,16 +17,15 @@
 //!
 //! TLS (`rediss://`) is not exercised: no certificates are available to the suite.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use crate::support::config::Config;
+use crate::support::process::*;
+use crate::support::receiver::{Received, Receiver, only_sender, sender, senders, timeline};
+use crate::support::redis::RedisServer;
+use crate::support::*;
 use sqlx::Row;
-use support::process::*;
-use support::receiver::{Received, Receiver, only_sender, sender, senders, timeline};
-use support::redis::RedisServer;
-use support::*;
 
 /// Per-relay settings of one test.
 #[derive(Debug, Clone, Copy)]
@@ -55,64 +54,30 @@ impl Knobs {
     }
 }
 
-impl RelayProc {
-    /// Starts instance `name` on `td`'s table with its own config file (sink header
-    /// `x-relay: name`), the redis lease at `redis_url` named `lease`.
-    fn start(
-        td: &TestDb,
-        knobs: &Knobs,
-        rx: &Receiver,
-        redis_url: &str,
-        lease: &str,
-        name: &str,
-    ) -> RelayProc {
-        let n = knobs.in_flight;
-        let concurrency = knobs.sink_concurrency.unwrap_or(n);
-        let config = format!(
-            r#"
-[relay]
-poll_interval = "50ms"
-claim_ttl = "{claim_ttl}"
-shutdown_timeout = "5s"
-batch_size = {n}
-max_in_flight = {n}
-
-[retry]
-initial_backoff = "200ms"
-max_backoff = "1s"
-max_attempts = 20
-
-[log]
-level = "info"
-
-[sinks.hook]
-kind = "webhook"
-url = "{url}"
-timeout = "{sink_timeout}"
-concurrency = {concurrency}
-headers = {{ "x-relay" = "{name}" }}
-"#,
-            claim_ttl = ms(knobs.claim_ttl),
-            sink_timeout = ms(knobs.sink_timeout),
-            url = rx.url(),
-        );
-        let config_path = write_config(td.dir.path(), &format!("{name}.toml"), &config);
-        RelayProc::start_instance(
-            td,
-            &config_path,
-            name,
-            [
-                ("OUTBOX_RELAY__LEASE__BACKEND", "redis".to_string()),
-                ("OUTBOX_RELAY__LEASE__REDIS_URL", redis_url.to_string()),
-                ("OUTBOX_RELAY__LEASE__NAME", lease.to_string()),
-                ("OUTBOX_RELAY__LEASE__TTL", ms(knobs.ttl)),
-                (
-                    "OUTBOX_RELAY__LEASE__RENEW_TIMEOUT",
-                    ms(knobs.renew_timeout),
-                ),
-            ],
-        )
-    }
+/// Starts instance `name` on `td`'s table (sink header `x-relay: name`) with the redis lease
+/// at `redis_url` named `lease`.
+fn start_relay(
+    td: &TestDb,
+    knobs: &Knobs,
+    rx: &Receiver,
+    redis_url: &str,
+    lease: &str,
+    name: &str,
+) -> RelayProc {
+    let n = knobs.in_flight;
+    let config = Config::webhook(&rx.url())
+        .claim_ttl(knobs.claim_ttl)
+        .shutdown_timeout(Duration::from_secs(5))
+        .in_flight(n)
+        .retry(Duration::from_millis(200), Duration::from_secs(1), 20)
+        .redis_lease(redis_url, knobs.ttl, knobs.renew_timeout)
+        .lease_name(lease)
+        .hook(|s| {
+            s.timeout(knobs.sink_timeout)
+                .concurrency(knobs.sink_concurrency.unwrap_or(n))
+                .header("x-relay", name)
+        });
+    RelayProc::start(td, &config, name)
 }
 
 /// All row ids.
@@ -159,7 +124,7 @@ fn start_relays(
 ) -> Vec<RelayProc> {
     names
         .iter()
-        .map(|n| RelayProc::start(td, knobs, rx, &redis.url(), lease, n))
+        .map(|n| start_relay(td, knobs, rx, &redis.url(), lease, n))
         .collect()
 }
 
@@ -554,7 +519,7 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
             .cmd(&["PUBSUB", "NUMSUB", &channel])
             .await
             .expect("PUBSUB NUMSUB");
-        matches!(&r, support::redis::Resp::Array(Some(v)) if v.get(1).and_then(|x| x.int()) == Some(2))
+        matches!(&r, crate::support::redis::Resp::Array(Some(v)) if v.get(1).and_then(|x| x.int()) == Some(2))
     })
     .await;
     let ni = index_of(&relays, &n);
@@ -628,28 +593,14 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     .await;
     rx.set_delay(Duration::from_millis(400));
     let t0 = Instant::now();
-    let mut relays = vec![RelayProc::start(
-        &td,
-        &knobs,
-        &rx,
-        &redis.url(),
-        &lease,
-        "a",
-    )];
+    let mut relays = vec![start_relay(&td, &knobs, &rx, &redis.url(), &lease, "a")];
     until(
         "relay a holds the lease",
         Duration::from_secs(15),
         || async { redis.get(&lease).await.is_some_and(|v| v.starts_with("a#")) },
     )
     .await;
-    relays.push(RelayProc::start(
-        &td,
-        &knobs,
-        &rx,
-        &redis.url(),
-        &lease,
-        "b",
-    ));
+    relays.push(start_relay(&td, &knobs, &rx, &redis.url(), &lease, "b"));
 
     // Pause a while its first four results are being written (and four more rows are on the
     // wire, four claimed rows wait for a sink slot).
@@ -952,7 +903,7 @@ async fn auth_password_is_used_and_never_logged() {
 
     // Wrong password alone: never acquires.
     let bad_url = format!("redis://:{BAD}@127.0.0.1:{port}");
-    let mut bad = RelayProc::start(&td, &knobs, &rx, &bad_url, &lease, "bad");
+    let mut bad = start_relay(&td, &knobs, &rx, &bad_url, &lease, "bad");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(
         bad.running(),
@@ -990,7 +941,7 @@ async fn auth_password_is_used_and_never_logged() {
 
     // The right password: acquires and delivers.
     let good_url = format!("redis://:{GOOD}@127.0.0.1:{port}");
-    let mut good = RelayProc::start(&td, &knobs, &rx, &good_url, &lease, "good");
+    let mut good = start_relay(&td, &knobs, &rx, &good_url, &lease, "good");
     td.wait_all_success(Duration::from_secs(15)).await;
     let h = only_sender(&rx.requests(), t0, "with AUTH");
     assert_eq!(h, "good");
@@ -1008,7 +959,7 @@ async fn auth_password_is_used_and_never_logged() {
         .await
         .expect("PUBSUB NUMSUB");
     assert!(
-        matches!(&numsub, support::redis::Resp::Array(Some(v)) if v.get(1).and_then(|x| x.int()) == Some(1)),
+        matches!(&numsub, crate::support::redis::Resp::Array(Some(v)) if v.get(1).and_then(|x| x.int()) == Some(1)),
         "exactly the authenticated relay subscribes to the release channel: {numsub:?}"
     );
 
@@ -1031,7 +982,7 @@ async fn auth_password_is_used_and_never_logged() {
     let status = good.wait_exit(Duration::from_secs(10)).await;
     assert!(status.success());
     let acl_url = format!("redis://relay:{ACL_PW}@127.0.0.1:{port}");
-    let acl = RelayProc::start(&td, &knobs, &rx, &acl_url, &lease, "acl");
+    let acl = start_relay(&td, &knobs, &rx, &acl_url, &lease, "acl");
     td.insert_hook_rows(5).await;
     td.wait_all_success(Duration::from_secs(15)).await;
     let token = redis.get(&lease).await.expect("lease key");

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::config::Config;
 use super::{TestDb, relay_bin};
 
 /// How many lines of a relay's log are printed when its test fails (unless the whole log was
@@ -96,9 +97,6 @@ pub fn relay_with_config(td: &TestDb, config: &Path) -> Command {
     cmd
 }
 
-/// No extra environment variables, for [`RelayProc::start_instance`].
-pub const NO_ENV: [(&str, &str); 0] = [];
-
 /// A running relay (`outbox-relay run`, or any long-lived child) owned by one test. Its stdout
 /// and stderr go to a log file. When dropped it is killed (SIGKILL) and reaped if still
 /// running, and if the test is failing the end of its log is printed.
@@ -147,6 +145,15 @@ impl RelayProc {
             .arg("run");
         let log = td.dir.path().join(format!("{instance}.log"));
         RelayProc::spawn(instance, &mut cmd, log)
+    }
+
+    /// `outbox-relay run` as instance `instance` on `td`'s table with `config`, written to
+    /// `<dir>/<instance>.toml`; the sink requests carry no instance marker unless the config
+    /// adds one (an `x-relay` header). Its log is `<dir>/<instance>.log`.
+    pub fn start(td: &TestDb, config: &Config, instance: &str) -> RelayProc {
+        let path = config.write(td.dir.path(), &format!("{instance}.toml"));
+        let lease = config.lease_name_set().unwrap_or_else(|| td.table.clone());
+        RelayProc::start_instance(td, &path, instance, [("OUTBOX_RELAY__LEASE__NAME", lease)])
     }
 
     /// Prints the whole log, not only its last lines, if the test fails.

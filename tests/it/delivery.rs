@@ -6,55 +6,25 @@
 //! parallel. Every process is killed when its guard drops (its log is printed if the test
 //! failed), and every wait has a timeout.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::support::config::Config;
+use crate::support::process::*;
+use crate::support::receiver::{Receiver, Reply};
+use crate::support::*;
 use outbox_relay::store::NewRow;
 use sqlx::Row;
-use support::process::*;
-use support::receiver::{Receiver, Reply};
-use support::*;
 
 /// The signing secret every test's sink uses (Standard Webhooks form).
 const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
 
-/// The config every test starts from; `relay_extra` goes into `[relay]`, `sink_extra` into
-/// `[sinks.hook]`.
-fn config_toml(url: &str, relay_extra: &str, sink_extra: &str) -> String {
-    format!(
-        r#"
-[relay]
-poll_interval = "50ms"
-shutdown_timeout = "10s"
-{relay_extra}
-
-[retry]
-initial_backoff = "1s"
-max_backoff = "2s"
-max_attempts = 3
-
-[log]
-level = "info"
-
-[sinks.hook]
-kind = "webhook"
-url = "{url}"
-secret = "{SECRET}"
-timeout = "5s"
-{sink_extra}
-"#
-    )
-}
-
-impl RelayProc {
-    /// Starts the binary on `td`'s table with `config`, the lease `lease` and instance id
-    /// `instance`; stdout and stderr go to `<dir>/<instance>.log`.
-    fn start(td: &TestDb, config: &Path, lease: &str, instance: &str) -> RelayProc {
-        RelayProc::start_instance(td, config, instance, [("OUTBOX_RELAY__LEASE__NAME", lease)])
-    }
+/// The config every test starts from: a signed webhook, three attempts 1-2 s apart.
+fn base(rx: &Receiver) -> Config {
+    Config::webhook(&rx.url())
+        .shutdown_timeout(Duration::from_secs(10))
+        .retry(Duration::from_secs(1), Duration::from_secs(2), 3)
+        .hook(|s| s.secret(SECRET))
 }
 
 /// What a row looks like in the table.
@@ -172,8 +142,7 @@ async fn thousand_rows_delivered_once(db: Db) {
     };
     let rx = Receiver::start(Some(SECRET)).await;
     insert_many(&td, 1000).await;
-    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
-    let mut relay = RelayProc::start(&td, &cfg, &td.table, "one");
+    let mut relay = RelayProc::start(&td, &base(&rx), "one");
 
     let tdr = &td;
     until(
@@ -237,8 +206,7 @@ async fn server_error_retries_after_backoff(db: Db) {
     let rx = Receiver::start(Some(SECRET)).await;
     let id = enqueue(&td, "hook", r#"{"order": 42}"#).await;
     rx.script(id, vec![Reply::status(500).body("temporary glitch")]);
-    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
-    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+    let _relay = RelayProc::start(&td, &base(&rx), "one");
 
     rx.expect_requests(1, Duration::from_secs(15), "first attempt")
         .await;
@@ -306,8 +274,7 @@ async fn client_error_fails_permanently(db: Db) {
         bad,
         vec![Reply::status(400).body("amount must be positive")],
     );
-    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
-    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+    let _relay = RelayProc::start(&td, &base(&rx), "one");
 
     let tdr = &td;
     until(
@@ -358,8 +325,7 @@ async fn throttle_delays_without_counting(db: Db) {
                 .body("slow down"),
         ],
     );
-    let cfg = write_config(td.dir.path(), "relay.toml", &config_toml(&rx.url(), "", ""));
-    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+    let _relay = RelayProc::start(&td, &base(&rx), "one");
 
     rx.expect_requests(1, Duration::from_secs(15), "first attempt")
         .await;
@@ -456,12 +422,7 @@ async fn malformed_rows_fail_alone(db: Db) {
     for i in 15..20 {
         good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
     }
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        &config_toml(&rx.url(), "", "max_body_bytes = 100"),
-    );
-    let _relay = RelayProc::start(&td, &cfg, &td.table, "one");
+    let _relay = RelayProc::start(&td, &base(&rx).hook(|s| s.max_body_bytes(100)), "one");
 
     let tdr = &td;
     let total = (good.len() + bad.len()) as i64;
@@ -509,12 +470,8 @@ async fn sigterm_mid_batch_loses_nothing(db: Db) {
     rx.set_delay(Duration::from_millis(300));
     insert_many(&td, ROWS).await;
     // claim_ttl is long (60s): a row left claimed would not come back within this test.
-    let cfg = write_config(
-        td.dir.path(),
-        "relay.toml",
-        &config_toml(&rx.url(), "claim_ttl = \"60s\"", ""),
-    );
-    let mut first = RelayProc::start(&td, &cfg, &td.table, "first");
+    let cfg = base(&rx).claim_ttl(Duration::from_secs(60));
+    let mut first = RelayProc::start(&td, &cfg, "first");
     rx.expect_requests(20, Duration::from_secs(15), "deliveries before SIGTERM")
         .await;
     first.sigterm();
@@ -571,7 +528,7 @@ async fn sigterm_mid_batch_loses_nothing(db: Db) {
 
     // A restart delivers the rest at once (not after the 60s claim_ttl).
     rx.set_delay(Duration::ZERO);
-    let mut second = RelayProc::start(&td, &cfg, &td.table, "second");
+    let mut second = RelayProc::start(&td, &cfg, "second");
     let tdr = &td;
     until(
         "all rows SUCCESS after the restart",
@@ -602,18 +559,9 @@ async fn two_relays_one_lease_never_both_deliver(db: Db) {
     let rx = Receiver::start(Some(SECRET)).await;
     rx.set_delay(Duration::from_millis(25));
     insert_many(&td, ROWS).await;
-    let cfg = |who: &str| {
-        config_toml(
-            &rx.url(),
-            "",
-            &format!("concurrency = 4\nheaders = {{ \"x-relay\" = \"{who}\" }}"),
-        )
-    };
-    let cfg_a = write_config(td.dir.path(), "a.toml", &cfg("a"));
-    let cfg_b = write_config(td.dir.path(), "b.toml", &cfg("b"));
-    let lease = td.table.clone();
-    let mut a = RelayProc::start(&td, &cfg_a, &lease, "a");
-    let mut b = RelayProc::start(&td, &cfg_b, &lease, "b");
+    let cfg = |who: &str| base(&rx).hook(|s| s.concurrency(4).header("x-relay", who));
+    let mut a = RelayProc::start(&td, &cfg("a"), "a");
+    let mut b = RelayProc::start(&td, &cfg("b"), "b");
 
     rx.expect_requests(
         150,

@@ -6,17 +6,14 @@
 //! recipient number, so one fake serves every result-code class. Sinks are built from TOML
 //! through the public configuration API; the last test runs the relay binary.
 
-mod support;
-mod vendor_support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::vendors::*;
 use hmac::{Hmac, KeyInit, Mac};
 use outbox_relay::sink::{Outcome, SinkHandle};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use vendor_support::*;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 

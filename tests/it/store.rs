@@ -2,18 +2,16 @@
 //! fencing by the lease epoch (G2), result writes guarded by the claim token (G2), ordering
 //! keys, concurrent claimers, and the `status` / `failed` views.
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use outbox_relay::store::{
     Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, MAX_ERROR_LEN, NewRow, Queue,
     Resolution, SqlStore,
 };
 use sqlx::Row;
-use support::*;
 
 fn token() -> Arc<str> {
     outbox_relay::random_token().into()

@@ -4,11 +4,12 @@
 //! `OUTBOX_RELAY_TEST_REDIS_URL` (defaulting to the local services). A test whose service is down is
 //! skipped with a message, unless `OUTBOX_RELAY_REQUIRE_SERVICES=1` (set by `.ci/run`), which
 //! makes it fail instead.
-#![allow(dead_code)]
 
+pub mod config;
 pub mod process;
 pub mod receiver;
 pub mod redis;
+pub mod vendors;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -271,22 +272,20 @@ pub fn relay_bin() -> &'static str {
 }
 
 /// Generates one `#[tokio::test]` per database from an async fn taking a [`Db`].
-#[macro_export]
 macro_rules! per_db {
     ($name:ident) => {
         mod $name {
-            use super::*;
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                super::$name(support::Db::Postgres).await
+                super::$name($crate::support::Db::Postgres).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn mysql() {
-                super::$name(support::Db::MySql).await
+                super::$name($crate::support::Db::MySql).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn sqlite() {
-                super::$name(support::Db::Sqlite).await
+                super::$name($crate::support::Db::Sqlite).await
             }
         }
     };
