@@ -23,6 +23,7 @@ use serde::Deserialize;
 pub use error::ConfigError;
 pub use secret::{Secret, redact_url};
 pub use sinks::{SinkCommon, SinkSettings};
+pub use validate::CLAIM_MARGIN;
 
 /// The environment prefix: `OUTBOX_RELAY__DATABASE__URL` sets `database.url`.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
@@ -411,6 +412,3 @@ fn from_config_error(e: &config::ConfigError, file: Option<&Path>) -> ConfigErro
     }
     ours
 }
-
-#[cfg(test)]
-mod tests;

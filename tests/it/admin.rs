@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::support::process::*;
 use crate::support::*;
 use outbox_relay::housekeeping::{self, PURGE_BATCH};
-use outbox_relay::store::{Finished, LeaseTable, NewRow};
+use outbox_relay::store::{Finished, LeaseTable};
 use tokio_util::sync::CancellationToken;
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -52,17 +52,6 @@ async fn ok(td: &TestDb, args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     stdout(&o)
-}
-
-async fn enqueue(td: &TestDb, channel: &str) -> i64 {
-    td.store
-        .enqueue(&NewRow {
-            channel: channel.into(),
-            payload: r#"{"n":1}"#.into(),
-            ..NewRow::default()
-        })
-        .await
-        .expect("enqueue")
 }
 
 /// A timestamp expression `days` days before the database's now.
@@ -129,11 +118,11 @@ async fn failed_lists_reasons_and_attempts(db: Db) {
     let Some(td) = TestDb::open(db, "adm_failed").await else {
         return;
     };
-    let a1 = enqueue(&td, "alpha").await;
-    let a2 = enqueue(&td, "alpha").await;
-    let b1 = enqueue(&td, "beta").await;
-    let pending = enqueue(&td, "beta").await;
-    let done = enqueue(&td, "alpha").await;
+    let a1 = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let a2 = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let b1 = td.enqueue("beta", r#"{"n":1}"#, None).await;
+    let pending = td.enqueue("beta", r#"{"n":1}"#, None).await;
+    let done = td.enqueue("alpha", r#"{"n":1}"#, None).await;
     set(&td, a1, "FAILED", 3, Some("410 Gone: subscriber deleted")).await;
     set(&td, a2, "FAILED", 10, Some("503 after 10 attempts")).await;
     set(&td, b1, "FAILED", 1, Some("payload is not JSON")).await;
@@ -170,12 +159,12 @@ async fn requeue_by_id_touches_only_failed_rows(db: Db) {
     let Some(td) = TestDb::open(db, "adm_rq_id").await else {
         return;
     };
-    let pending = enqueue(&td, "alpha").await;
-    let retry = enqueue(&td, "alpha").await;
-    let success = enqueue(&td, "alpha").await;
-    let f1 = enqueue(&td, "alpha").await;
-    let f2 = enqueue(&td, "beta").await;
-    let untouched = enqueue(&td, "beta").await;
+    let pending = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let retry = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let f1 = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let f2 = td.enqueue("beta", r#"{"n":1}"#, None).await;
+    let untouched = td.enqueue("beta", r#"{"n":1}"#, None).await;
     set(&td, retry, "RETRY", 2, Some("503")).await;
     set(&td, success, "SUCCESS", 1, None).await;
     set(&td, f1, "FAILED", 10, Some("503 after 10 attempts")).await;
@@ -266,17 +255,17 @@ async fn requeue_all_failed_with_channel_and_dry_run(db: Db) {
     };
     let mut alpha = Vec::new();
     for _ in 0..3 {
-        let id = enqueue(&td, "alpha").await;
+        let id = td.enqueue("alpha", r#"{"n":1}"#, None).await;
         set(&td, id, "FAILED", 5, Some("503")).await;
         alpha.push(id);
     }
     let mut beta = Vec::new();
     for _ in 0..2 {
-        let id = enqueue(&td, "beta").await;
+        let id = td.enqueue("beta", r#"{"n":1}"#, None).await;
         set(&td, id, "FAILED", 5, Some("503")).await;
         beta.push(id);
     }
-    let pending = enqueue(&td, "alpha").await;
+    let pending = td.enqueue("alpha", r#"{"n":1}"#, None).await;
 
     let out = ok(
         &td,
@@ -318,12 +307,12 @@ async fn purge_never_deletes_pending_or_retry_rows(db: Db) {
     let Some(td) = TestDb::open(db, "adm_purge").await else {
         return;
     };
-    let old_pending = enqueue(&td, "alpha").await;
-    let old_retry = enqueue(&td, "alpha").await;
-    let old_success = enqueue(&td, "alpha").await;
-    let new_success = enqueue(&td, "alpha").await;
-    let old_failed = enqueue(&td, "alpha").await;
-    let new_failed = enqueue(&td, "alpha").await;
+    let old_pending = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let old_retry = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let old_success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let new_success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let old_failed = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let new_failed = td.enqueue("alpha", r#"{"n":1}"#, None).await;
     set(&td, old_retry, "RETRY", 3, Some("503")).await;
     set(&td, old_success, "SUCCESS", 1, None).await;
     set(&td, new_success, "SUCCESS", 1, None).await;
@@ -381,7 +370,7 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
 
     let mut ids = Vec::new();
     for ch in ["alpha", "alpha", "alpha", "beta", "beta", "alpha"] {
-        ids.push(enqueue(&td, ch).await);
+        ids.push(td.enqueue(ch, r#"{"n":1}"#, None).await);
     }
     set(&td, ids[1], "SUCCESS", 1, None).await;
     set(&td, ids[2], "FAILED", 10, Some("503")).await;
@@ -505,14 +494,14 @@ async fn retention_purge_all_deletes_only_old_finished_rows(db: Db) {
         days_ago(db, 10)
     ))
     .await;
-    let fresh_success = enqueue(&td, "alpha").await;
+    let fresh_success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
     set(&td, fresh_success, "SUCCESS", 1, None).await;
-    let old_pending = enqueue(&td, "alpha").await;
-    let old_retry = enqueue(&td, "alpha").await;
+    let old_pending = td.enqueue("alpha", r#"{"n":1}"#, None).await;
+    let old_retry = td.enqueue("alpha", r#"{"n":1}"#, None).await;
     set(&td, old_retry, "RETRY", 3, Some("503")).await;
-    let failed_10d = enqueue(&td, "alpha").await;
+    let failed_10d = td.enqueue("alpha", r#"{"n":1}"#, None).await;
     set(&td, failed_10d, "FAILED", 10, Some("503")).await;
-    let failed_40d = enqueue(&td, "alpha").await;
+    let failed_40d = td.enqueue("alpha", r#"{"n":1}"#, None).await;
     set(&td, failed_40d, "FAILED", 10, Some("503")).await;
     for id in [old_pending, old_retry] {
         age(&td, id, 400).await;
@@ -520,7 +509,7 @@ async fn retention_purge_all_deletes_only_old_finished_rows(db: Db) {
     age(&td, failed_10d, 10).await;
     age(&td, failed_40d, 40).await;
 
-    let store = td.dyn_store();
+    let store = td.store.clone();
     // The rules retention builds from success_after = "7d", failed_after = "30d".
     let rules = [(Finished::Success, 7 * DAY), (Finished::Failed, 30 * DAY)];
 

@@ -62,13 +62,11 @@ fn json(db: Db, text: &str) -> String {
 
 /// Inserts good rows `{"n": i}` for each i in `ns`.
 async fn insert_good(td: &TestDb, ns: impl IntoIterator<Item = usize>) {
-    for i in ns {
-        let payload = json(td.db, &format!(r#"{{"n":{i}}}"#));
-        td.exec(&format!(
-            "INSERT INTO {{t}} (channel, payload) VALUES ('hook', {payload})"
-        ))
-        .await;
-    }
+    td.insert(
+        "hook",
+        ns.into_iter().map(|i| (None, format!(r#"{{"n":{i}}}"#))),
+    )
+    .await;
 }
 
 /// Asserts that every row but `bad` is SUCCESS and was received exactly once, and that no
@@ -619,7 +617,7 @@ async fn admin_verbs_race_without_losing_rows(db: Db) {
     let Some(td) = TestDb::open(db, "bad_admin_race").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let old = db_time(db, -3600);
     for round in 0..25 {
         // 40 FAILED rows, an hour old; the marker is the round.

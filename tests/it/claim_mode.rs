@@ -33,43 +33,6 @@ fn base(rx: &Receiver, instance: &str) -> Config {
         .hook(|s| s.header("x-relay", instance))
 }
 
-/// Inserts webhook rows `(ordering_key, payload)` in multi-row statements of 250. Payloads
-/// must contain no backslashes or quotes that SQL literals would change.
-async fn insert_rows(td: &TestDb, rows: &[(Option<String>, String)]) {
-    let cast = if td.db == Db::Postgres { "::jsonb" } else { "" };
-    let values: Vec<String> = rows
-        .iter()
-        .map(|(key, payload)| {
-            assert!(!payload.contains('\\') && !payload.contains('\''));
-            let key = key
-                .as_ref()
-                .map_or_else(|| "NULL".to_string(), |k| format!("'{k}'"));
-            format!("('hook', '{payload}'{cast}, {key})")
-        })
-        .collect();
-    for chunk in values.chunks(250) {
-        td.exec(&format!(
-            "INSERT INTO {{t}} (channel, payload, ordering_key) VALUES {}",
-            chunk.join(", ")
-        ))
-        .await;
-    }
-}
-
-/// `n` rows without an ordering key, payload `{"n": i, ...}` with non-ASCII text.
-async fn insert_plain(td: &TestDb, n: usize) {
-    let rows: Vec<(Option<String>, String)> = (1..=n)
-        .map(|i| {
-            (
-                None,
-                format!(r#"{{"n":{i},"msg":"héllo wörld <{i}> & 😀","tags":["a","b"]}}"#),
-            )
-        })
-        .collect();
-    insert_rows(td, &rows).await;
-    assert_eq!(td.scalar("SELECT COUNT(*) FROM {t}").await, n as i64);
-}
-
 /// Every row's id and ordering key, in id order.
 async fn ids_and_keys(td: &TestDb) -> Vec<(i64, Option<String>)> {
     let sql = format!("SELECT id, ordering_key FROM {} ORDER BY id", td.table);
@@ -145,7 +108,7 @@ async fn three_instances_share_the_table(db: Db) {
     };
     let rows = 5000;
     let rx = Receiver::start(None).await;
-    insert_plain(&td, rows).await;
+    td.insert_hooks(rows).await;
     let started = Instant::now();
     let names = ["a", "b", "c"];
     let mut relays: Vec<RelayProc> = names
@@ -248,7 +211,7 @@ async fn kill9_claims_expire_and_others_deliver(db: Db) {
     let rx = Receiver::start(None).await;
     // A slow receiver keeps requests in flight.
     rx.set_delay(Duration::from_millis(150));
-    insert_plain(&td, ROWS).await;
+    td.insert_hooks(ROWS).await;
     // Each instance claims up to 32 rows but sends only 8 at once: at the kill, the victim
     // holds claims on rows it has sent (in flight) and on rows it has not sent yet.
     let config = |n: &str| {
@@ -458,7 +421,7 @@ async fn ordering_keys_in_id_order_across_instances(db: Db) {
             )
         })
         .collect();
-    insert_rows(&td, &rows).await;
+    td.insert("hook", rows.iter().cloned()).await;
     let table = ids_and_keys(&td).await;
     assert_eq!(table.len(), KEYS * PER_KEY);
     // id -> (key, seq), checked against the insertion order (ids increase with it).
@@ -624,7 +587,7 @@ async fn status_lists_live_claims_per_instance(db: Db) {
     let rx = Receiver::start(None).await;
     // Slow answers keep every claim live while `status` runs.
     rx.set_delay(Duration::from_secs(5));
-    insert_plain(&td, 30).await;
+    td.insert_hooks(30).await;
     // Five rows per claim and five in flight: each instance's first claim takes five rows.
     let config = |n: &str| {
         base(&rx, n)

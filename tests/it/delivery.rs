@@ -13,7 +13,6 @@ use crate::support::config::Config;
 use crate::support::process::*;
 use crate::support::receiver::{Receiver, Reply};
 use crate::support::*;
-use outbox_relay::store::NewRow;
 use sqlx::Row;
 
 /// The signing secret every test's sink uses (Standard Webhooks form).
@@ -96,39 +95,6 @@ async fn ids_with_status(td: &TestDb, status: &str) -> HashSet<i64> {
         .collect()
 }
 
-/// Inserts `n` webhook rows in a few multi-row statements; payload `{"n": i, ...}` with
-/// non-ASCII text (no backslashes: MySQL string literals would eat them).
-async fn insert_many(td: &TestDb, n: usize) {
-    let cast = if td.db == Db::Postgres { "::jsonb" } else { "" };
-    let rows: Vec<String> = (1..=n)
-        .map(|i| {
-            format!(
-                r#"('hook', '{{"n":{i},"msg":"héllo wörld <{i}> & 😀","tags":["a","b"]}}'{cast})"#
-            )
-        })
-        .collect();
-    for chunk in rows.chunks(250) {
-        td.exec(&format!(
-            "INSERT INTO {{t}} (channel, payload) VALUES {}",
-            chunk.join(", ")
-        ))
-        .await;
-    }
-    assert_eq!(td.scalar("SELECT COUNT(*) FROM {t}").await, n as i64);
-}
-
-async fn enqueue(td: &TestDb, channel: &str, payload: &str) -> i64 {
-    td.store
-        .enqueue(&NewRow {
-            channel: channel.into(),
-            recipient: None,
-            payload: payload.into(),
-            ordering_key: None,
-        })
-        .await
-        .expect("enqueue")
-}
-
 async fn open(db: Db, prefix: &str) -> Option<TestDb> {
     TestDb::open(db, prefix).await
 }
@@ -141,7 +107,7 @@ async fn thousand_rows_delivered_once(db: Db) {
         return;
     };
     let rx = Receiver::start(Some(SECRET)).await;
-    insert_many(&td, 1000).await;
+    td.insert_hooks(1000).await;
     let mut relay = RelayProc::start(&td, &base(&rx), "one");
 
     let tdr = &td;
@@ -204,7 +170,7 @@ async fn server_error_retries_after_backoff(db: Db) {
         return;
     };
     let rx = Receiver::start(Some(SECRET)).await;
-    let id = enqueue(&td, "hook", r#"{"order": 42}"#).await;
+    let id = td.enqueue("hook", r#"{"order": 42}"#, None).await;
     rx.script(id, vec![Reply::status(500).body("temporary glitch")]);
     let _relay = RelayProc::start(&td, &base(&rx), "one");
 
@@ -268,8 +234,8 @@ async fn client_error_fails_permanently(db: Db) {
         return;
     };
     let rx = Receiver::start(Some(SECRET)).await;
-    let bad = enqueue(&td, "hook", r#"{"amount": -5}"#).await;
-    let good = enqueue(&td, "hook", r#"{"amount": 5}"#).await;
+    let bad = td.enqueue("hook", r#"{"amount": -5}"#, None).await;
+    let good = td.enqueue("hook", r#"{"amount": 5}"#, None).await;
     rx.script(
         bad,
         vec![Reply::status(400).body("amount must be positive")],
@@ -316,7 +282,7 @@ async fn throttle_delays_without_counting(db: Db) {
         return;
     };
     let rx = Receiver::start(Some(SECRET)).await;
-    let id = enqueue(&td, "hook", r#"{"burst": 1}"#).await;
+    let id = td.enqueue("hook", r#"{"burst": 1}"#, None).await;
     rx.script(
         id,
         vec![
@@ -347,7 +313,7 @@ async fn throttle_delays_without_counting(db: Db) {
     assert!(err.contains("429"), "last_error: {err}");
 
     // The whole sink is paused: a row enqueued now waits for the pause too.
-    let other = enqueue(&td, "hook", r#"{"burst": 2}"#).await;
+    let other = td.enqueue("hook", r#"{"burst": 2}"#, None).await;
     let early = rx
         .wait_until(
             |r| r.len() > 1,
@@ -396,31 +362,43 @@ async fn malformed_rows_fail_alone(db: Db) {
     let mut good = Vec::new();
     let mut bad: Vec<(i64, &str)> = Vec::new();
     for i in 0..5 {
-        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+        good.push(
+            td.enqueue("hook", &format!(r#"{{"good": {i}}}"#), None)
+                .await,
+        );
     }
     bad.push((
-        enqueue(&td, "nope", r#"{"x": 1}"#).await,
+        td.enqueue("nope", r#"{"x": 1}"#, None).await,
         "no sink is configured for channel \"nope\"",
     ));
     for i in 5..10 {
-        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+        good.push(
+            td.enqueue("hook", &format!(r#"{{"good": {i}}}"#), None)
+                .await,
+        );
     }
     let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(200));
     bad.push((
-        enqueue(&td, "hook", &big).await,
+        td.enqueue("hook", &big, None).await,
         "exceeds sinks.hook.max_body_bytes (100)",
     ));
     for i in 10..15 {
-        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+        good.push(
+            td.enqueue("hook", &format!(r#"{{"good": {i}}}"#), None)
+                .await,
+        );
     }
     if db == Db::Sqlite {
         bad.push((
-            enqueue(&td, "hook", "this is {not json").await,
+            td.enqueue("hook", "this is {not json", None).await,
             "payload is not valid JSON",
         ));
     }
     for i in 15..20 {
-        good.push(enqueue(&td, "hook", &format!(r#"{{"good": {i}}}"#)).await);
+        good.push(
+            td.enqueue("hook", &format!(r#"{{"good": {i}}}"#), None)
+                .await,
+        );
     }
     let _relay = RelayProc::start(&td, &base(&rx).hook(|s| s.max_body_bytes(100)), "one");
 
@@ -468,7 +446,7 @@ async fn sigterm_mid_batch_loses_nothing(db: Db) {
     const ROWS: usize = 200;
     let rx = Receiver::start(Some(SECRET)).await;
     rx.set_delay(Duration::from_millis(300));
-    insert_many(&td, ROWS).await;
+    td.insert_hooks(ROWS).await;
     // claim_ttl is long (60s): a row left claimed would not come back within this test.
     let cfg = base(&rx).claim_ttl(Duration::from_secs(60));
     let mut first = RelayProc::start(&td, &cfg, "first");
@@ -558,7 +536,7 @@ async fn two_relays_one_lease_never_both_deliver(db: Db) {
     const ROWS: usize = 500;
     let rx = Receiver::start(Some(SECRET)).await;
     rx.set_delay(Duration::from_millis(25));
-    insert_many(&td, ROWS).await;
+    td.insert_hooks(ROWS).await;
     let cfg = |who: &str| base(&rx).hook(|s| s.concurrency(4).header("x-relay", who));
     let mut a = RelayProc::start(&td, &cfg("a"), "a");
     let mut b = RelayProc::start(&td, &cfg("b"), "b");

@@ -25,7 +25,7 @@ async fn database_lease_primitives(db: Db) {
     let Some(td) = TestDb::open(db, "ls_prim").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let name = td.table.clone();
     let ttl = Duration::from_millis(600);
 
@@ -118,7 +118,7 @@ async fn lease_names_are_independent(db: Db) {
     let Some(td) = TestDb::open(db, "ls_names").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let (one, two) = (format!("{}_one", td.table), format!("{}_two", td.table));
     let ttl = Duration::from_secs(30);
     let e1 = bounded("acquire one", store.lease_acquire(&one, "A", ttl)).await;
@@ -187,7 +187,7 @@ async fn keepers_hand_off_on_release(db: Db) {
     let name = td.table.clone();
     let ttl = Duration::from_secs(3);
     let renew_timeout = Duration::from_millis(500);
-    let stores = [td.dyn_store(), second_store(&td).await];
+    let stores = [td.store.clone(), second_store(&td).await];
     let mut keepers: Vec<Option<Keeper>> = stores
         .iter()
         .enumerate()
@@ -262,7 +262,7 @@ async fn watchdog_keeps_the_lease_past_its_ttl(db: Db) {
     let name = td.table.clone();
     let ttl = Duration::from_millis(600);
     let renew_timeout = Duration::from_millis(100);
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "keeper", ttl));
     let keeper = Keeper::start(lease, store.clone(), renew_timeout);
     let rx = keeper.state();
@@ -321,7 +321,7 @@ async fn a_keeper_that_loses_its_lease_stops(db: Db) {
     };
     let name = td.table.clone();
     let ttl = Duration::from_millis(600);
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "victim", ttl));
     let keeper = Keeper::start(lease.clone(), store.clone(), Duration::from_millis(100));
     let rx = keeper.state();

@@ -152,25 +152,11 @@ async fn assert_holder(
         token.starts_with(&format!("{holder}#")),
         "the lease key holds {token:?}, but {holder} is the one delivering"
     );
-    let (db_holder, epoch) = td.lease_row(lease).await.expect("fencing row exists");
+    let (db_token, epoch) = assert_fenced_holder(td, lease, relays, holder).await;
     assert_eq!(
-        db_holder.as_deref(),
-        Some(token.as_str()),
+        db_token, token,
         "outbox_relay_lease.holder must be the Redis token of the holder"
     );
-    for r in relays {
-        let held = r.metric("outbox_relay_lease_held").await;
-        let want = if r.name == holder { 1.0 } else { 0.0 };
-        assert_eq!(
-            held, want,
-            "outbox_relay_lease_held of relay {} is {held}, expected {want}",
-            r.name
-        );
-    }
-    if let Some(r) = relays.iter().find(|r| r.name == holder) {
-        let e = r.metric("outbox_relay_lease_epoch").await;
-        assert_eq!(e, epoch as f64, "outbox_relay_lease_epoch of the holder");
-    }
     (token, epoch)
 }
 
@@ -326,7 +312,7 @@ async fn sigterm_hands_over_within_200ms() {
         ..Knobs::fast()
     };
     let lease = td.table.clone();
-    td.insert_hook_rows(250).await;
+    td.insert_hooks(250).await;
     rx.set_delay(Duration::from_millis(50));
     let t0 = Instant::now();
     let mut relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
@@ -576,7 +562,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
         ..Knobs::fast()
     };
     let lease = td.table.clone();
-    td.insert_hook_rows(40).await;
+    td.insert_hooks(40).await;
     // The first holder's result writes are slow (a stalled database: 200 ms per row), so the
     // SIGSTOP below lands while its result statement runs. That statement may complete on the
     // server, but it must not leave rows locked while the process is stopped (nobody could
@@ -737,7 +723,7 @@ async fn foreign_key_keeps_relays_out_until_it_expires() {
         .expect("SET");
     assert_eq!(reply.text(), Some("OK"), "foreign SET NX: {reply:?}");
     let expiry = t0 + Duration::from_millis(3000);
-    td.insert_hook_rows(20).await;
+    td.insert_hooks(20).await;
     let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
 
     tokio::time::sleep_until((t0 + Duration::from_millis(2500)).into()).await;
@@ -809,7 +795,7 @@ async fn slow_deliveries_keep_one_holder() {
         ..Knobs::fast()
     };
     let lease = td.table.clone();
-    td.insert_hook_rows(6).await;
+    td.insert_hooks(6).await;
     rx.set_delay(Duration::from_millis(2500));
     let t0 = Instant::now();
     let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
@@ -898,7 +884,7 @@ async fn auth_password_is_used_and_never_logged() {
     let knobs = Knobs::fast();
     let lease = td.table.clone();
     let port = redis.port();
-    td.insert_hook_rows(10).await;
+    td.insert_hooks(10).await;
     let t0 = Instant::now();
 
     // Wrong password alone: never acquires.
@@ -983,7 +969,7 @@ async fn auth_password_is_used_and_never_logged() {
     assert!(status.success());
     let acl_url = format!("redis://relay:{ACL_PW}@127.0.0.1:{port}");
     let acl = start_relay(&td, &knobs, &rx, &acl_url, &lease, "acl");
-    td.insert_hook_rows(5).await;
+    td.insert_hooks(5).await;
     td.wait_all_success(Duration::from_secs(15)).await;
     let token = redis.get(&lease).await.expect("lease key");
     assert!(

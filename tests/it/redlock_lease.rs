@@ -90,26 +90,12 @@ async fn assert_holder(
     holder: &str,
 ) {
     let ks = keys(nodes, lease).await;
-    let (db_holder, epoch) = td.lease_row(lease).await.expect("fencing row exists");
-    let token = db_holder.expect("the fencing row names the holder");
-    assert!(
-        token.starts_with(&format!("{holder}#")),
-        "outbox_relay_lease.holder is {token:?}, but {holder} is the one delivering"
-    );
+    let (token, _) = assert_fenced_holder(td, lease, relays, holder).await;
     let on = ks.iter().filter(|k| k.as_deref() == Some(&token)).count();
     assert!(
         on >= 2,
         "the holder's token {token:?} must be on a majority of nodes, keys: {ks:?}"
     );
-    for r in relays {
-        let held = r.metric("outbox_relay_lease_held").await;
-        let want = if r.name == holder { 1.0 } else { 0.0 };
-        assert_eq!(held, want, "outbox_relay_lease_held of relay {}", r.name);
-    }
-    if let Some(r) = relays.iter().find(|r| r.name == holder) {
-        let e = r.metric("outbox_relay_lease_epoch").await;
-        assert_eq!(e, epoch as f64, "outbox_relay_lease_epoch of the holder");
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,7 +330,7 @@ async fn foreign_key_on_a_majority_keeps_relays_out_until_it_expires() {
         assert_eq!(r.text(), Some("OK"), "foreign SET NX: {r:?}");
     }
     let t_set = Instant::now();
-    td.insert_hook_rows(20).await;
+    td.insert_hooks(20).await;
     let relays: Vec<RelayProc> = ["a", "b"]
         .iter()
         .map(|n| start_relay(&td, TTL, &rx, &nodes, &lease, n))
@@ -426,7 +412,7 @@ async fn sigterm_hands_over_within_300ms() {
     // 2/3 of the ttl, far beyond the 300 ms allowed.
     let ttl = Duration::from_secs(2);
     let lease = td.table.clone();
-    td.insert_hook_rows(200).await;
+    td.insert_hooks(200).await;
     rx.set_delay(Duration::from_millis(50));
     let t0 = Instant::now();
     let mut relays: Vec<RelayProc> = ["a", "b"]

@@ -47,28 +47,6 @@ fn ids(rows: &[ClaimedRow]) -> Vec<i64> {
     rows.iter().map(|r| r.delivery.id).collect()
 }
 
-async fn enqueue(td: &TestDb, channel: &str, key: Option<&str>) -> i64 {
-    let row = NewRow {
-        channel: channel.to_string(),
-        recipient: Some("r".into()),
-        payload: r#"{"n":1}"#.into(),
-        ordering_key: key.map(str::to_string),
-    };
-    bounded("enqueue", td.store.enqueue(&row)).await
-}
-
-/// Inserts `n` rows of `channel` with one statement (all three databases take multi-row VALUES).
-async fn bulk_insert(td: &TestDb, channel: &str, n: usize) {
-    for chunk in 0..n.div_ceil(500) {
-        let count = (n - chunk * 500).min(500);
-        let values = vec![format!("('{channel}', '{{}}')"); count].join(", ");
-        td.exec(&format!(
-            "INSERT INTO {{t}} (channel, payload) VALUES {values}"
-        ))
-        .await;
-    }
-}
-
 /// True when row `id` meets the SQL condition `cond`.
 async fn row_is(td: &TestDb, id: i64, cond: &str) -> bool {
     td.scalar(&format!(
@@ -117,7 +95,7 @@ async fn migrate_is_idempotent(db: Db) {
     let Some(td) = TestDb::open(db, "st_migrate").await else {
         return;
     };
-    let id = enqueue(&td, "log", None).await;
+    let id = td.enqueue("log", r#"{"n":1}"#, None).await;
     bounded("migrate again", td.store.migrate()).await;
     bounded("migrate a third time", td.store.migrate()).await;
     // A second instance starting on the same table migrates too.
@@ -155,10 +133,10 @@ async fn claim_takes_due_rows_in_id_order(db: Db) {
     let Some(td) = TestDb::open(db, "st_claim").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let mut all = Vec::new();
     for _ in 0..7 {
-        all.push(enqueue(&td, "log", None).await);
+        all.push(td.enqueue("log", r#"{"n":1}"#, None).await);
     }
     // The last two rows are not due yet.
     let future = db_time(db, 3600);
@@ -220,8 +198,8 @@ async fn expired_claim_is_taken_over_and_old_token_writes_nothing(db: Db) {
     let Some(td) = TestDb::open(db, "st_expire").await else {
         return;
     };
-    let store = td.dyn_store();
-    let id = enqueue(&td, "log", None).await;
+    let store = td.store.clone();
+    let id = td.enqueue("log", r#"{"n":1}"#, None).await;
     let (a_req, a_rows) = claim(&*store, 10, Duration::from_millis(300), "a", None).await;
     assert_eq!(ids(&a_rows), vec![id]);
     let (_, none) = claim(&*store, 10, LONG, "b", None).await;
@@ -285,10 +263,10 @@ async fn fencing_refuses_a_stale_epoch(db: Db) {
     let Some(td) = TestDb::open(db, "st_fence").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let lease = td.table.clone();
     for _ in 0..6 {
-        enqueue(&td, "log", None).await;
+        td.enqueue("log", r#"{"n":1}"#, None).await;
     }
     let fence = |epoch| {
         Some(Fence {
@@ -336,12 +314,12 @@ async fn budgets_cap_each_channel(db: Db) {
     let Some(td) = TestDb::open(db, "st_budget").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let lease = td.table.clone();
     // Interleaved, so that an id-ordered claim would take a mix.
     for i in 0..30 {
         let channel = ["a", "b", "nobody"][i % 3];
-        enqueue(&td, channel, None).await;
+        td.enqueue(channel, r#"{"n":1}"#, None).await;
     }
     // With a fence, so its placeholders are bound along with the budgets'.
     let epoch = bounded(
@@ -384,12 +362,12 @@ async fn excluded_channels_are_not_claimed(db: Db) {
     let Some(td) = TestDb::open(db, "st_excl").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let lease = td.table.clone();
     let mut paused = Vec::new();
     for i in 0..6 {
         let channel = if i % 2 == 0 { "paused" } else { "open" };
-        let id = enqueue(&td, channel, None).await;
+        let id = td.enqueue(channel, r#"{"n":1}"#, None).await;
         if channel == "paused" {
             paused.push(id);
         }
@@ -429,10 +407,10 @@ async fn complete_writes_each_resolution(db: Db) {
     let Some(td) = TestDb::open(db, "st_complete").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let mut row = Vec::new();
     for _ in 0..4 {
-        row.push(enqueue(&td, "log", None).await);
+        row.push(td.enqueue("log", r#"{"n":1}"#, None).await);
     }
     let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
     assert_eq!(ids(&rows), row);
@@ -563,8 +541,9 @@ async fn batched_completions_with_two_tokens(db: Db) {
     let Some(td) = TestDb::open(db, "st_batch").await else {
         return;
     };
-    let store = td.dyn_store();
-    bulk_insert(&td, "log", 720).await;
+    let store = td.store.clone();
+    td.insert("log", (0..720).map(|_| (None, "{}".to_string())))
+        .await;
     // More than one result chunk (500) under the first token.
     let (t1, first) = claim(&*store, 600, LONG, "a", None).await;
     let (t2, second) = claim(&*store, 120, LONG, "b", None).await;
@@ -628,9 +607,9 @@ async fn long_errors_are_truncated(db: Db) {
     let Some(td) = TestDb::open(db, "st_trunc").await else {
         return;
     };
-    let store = td.dyn_store();
-    let a = enqueue(&td, "log", None).await;
-    let b = enqueue(&td, "log", None).await;
+    let store = td.store.clone();
+    let a = td.enqueue("log", r#"{"n":1}"#, None).await;
+    let b = td.enqueue("log", r#"{"n":1}"#, None).await;
     // 'é' is 2 bytes and the leading 'x' puts byte 1000 in the middle of one; '😀' is 4 bytes.
     let long_a = format!("x{}", "é".repeat(1500));
     let long_b = format!("ab{}", "😀".repeat(400));
@@ -675,14 +654,14 @@ async fn ordering_keys_deliver_one_at_a_time(db: Db) {
     let Some(td) = TestDb::open(db, "st_order").await else {
         return;
     };
-    let store = td.dyn_store();
-    let a1 = enqueue(&td, "log", Some("A")).await;
-    let k1 = enqueue(&td, "log", None).await;
-    let b1 = enqueue(&td, "log", Some("B")).await;
-    let a2 = enqueue(&td, "log", Some("A")).await;
-    let k2 = enqueue(&td, "log", None).await;
-    let b2 = enqueue(&td, "log", Some("B")).await;
-    let a3 = enqueue(&td, "log", Some("A")).await;
+    let store = td.store.clone();
+    let a1 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
+    let k1 = td.enqueue("log", r#"{"n":1}"#, None).await;
+    let b1 = td.enqueue("log", r#"{"n":1}"#, Some("B")).await;
+    let a2 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
+    let k2 = td.enqueue("log", r#"{"n":1}"#, None).await;
+    let b2 = td.enqueue("log", r#"{"n":1}"#, Some("B")).await;
+    let a3 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
 
     let (r1, heads) = claim(&*store, 100, LONG, "a", None).await;
     assert_eq!(
@@ -782,7 +761,8 @@ async fn concurrent_claimers_never_share_a_row(db: Db) {
         return;
     };
     const ROWS: usize = 1000;
-    bulk_insert(&td, "log", ROWS).await;
+    td.insert("log", (0..ROWS).map(|_| (None, "{}".to_string())))
+        .await;
     // Open the pool's connections first, so that no claimer starts late waiting for one.
     let mut warm = Vec::new();
     for _ in 0..6 {
@@ -794,7 +774,7 @@ async fn concurrent_claimers_never_share_a_row(db: Db) {
     let started = std::time::Instant::now();
     let mut tasks = Vec::new();
     for w in 0..4 {
-        let store = td.dyn_store();
+        let store = td.store.clone();
         let seen = seen.clone();
         let start = start.clone();
         tasks.push(tokio::spawn(async move {
@@ -860,7 +840,7 @@ async fn status_and_failed_report_the_table(db: Db) {
     let Some(td) = TestDb::open(db, "st_status").await else {
         return;
     };
-    let store = td.dyn_store();
+    let store = td.store.clone();
     let lease = td.table.clone();
     let empty = bounded("status", store.status(&lease)).await;
     assert!(empty.counts.is_empty());
@@ -869,11 +849,11 @@ async fn status_and_failed_report_the_table(db: Db) {
 
     let mut a = Vec::new();
     for _ in 0..5 {
-        a.push(enqueue(&td, "a", None).await);
+        a.push(td.enqueue("a", r#"{"n":1}"#, None).await);
     }
     let mut b = Vec::new();
     for _ in 0..3 {
-        b.push(enqueue(&td, "b", None).await);
+        b.push(td.enqueue("b", r#"{"n":1}"#, None).await);
     }
     // The oldest pending row was created an hour ago.
     td.exec(&format!(

@@ -54,6 +54,12 @@ pub fn unique_table(prefix: &str) -> String {
     format!("{prefix}_{}_{}_{n}", std::process::id(), nanos % 100_000)
 }
 
+/// A realistic payload for row `i`: JSON with non-ASCII text, markup characters, an emoji
+/// and a list (no quotes or backslashes, so it can be written as an SQL literal).
+pub fn payload(i: usize) -> String {
+    format!(r#"{{"n":{i},"msg":"héllo wörld <{i}> & 😀","tags":["a","b"]}}"#)
+}
+
 /// One test's database: a store on a fresh, migrated table.
 pub struct TestDb {
     pub db: Db,
@@ -91,11 +97,6 @@ impl TestDb {
             store: Arc::new(store),
             dir,
         })
-    }
-
-    /// The store as the trait object the relay uses.
-    pub fn dyn_store(&self) -> Arc<SqlStore> {
-        self.store.clone()
     }
 
     /// Runs a statement on the test's database (`{t}` is replaced by the table name).
@@ -160,14 +161,51 @@ impl TestDb {
             })
     }
 
-    /// Inserts `n` webhook rows (channel `hook`, payload `{"n": i}`) in one statement.
-    /// PostgreSQL only.
-    pub async fn insert_hook_rows(&self, n: usize) {
-        self.exec(&format!(
-            "INSERT INTO {{t}} (channel, payload) \
-             SELECT 'hook', jsonb_build_object('n', g) FROM generate_series(1, {n}) g"
-        ))
-        .await;
+    /// Inserts rows of `channel` as an application does, with plain SQL (multi-row VALUES,
+    /// 250 rows per statement): one row per (ordering key, payload). Payloads must hold no
+    /// quote or backslash (they are written as SQL literals).
+    pub async fn insert(
+        &self,
+        channel: &str,
+        rows: impl IntoIterator<Item = (Option<String>, String)>,
+    ) {
+        let cast = if self.db == Db::Postgres {
+            "::jsonb"
+        } else {
+            ""
+        };
+        let values: Vec<String> = rows
+            .into_iter()
+            .map(|(key, payload)| {
+                assert!(!payload.contains('\\') && !payload.contains('\''));
+                let key = key.map_or_else(|| "NULL".to_string(), |k| format!("'{k}'"));
+                format!("('{channel}', '{payload}'{cast}, {key})")
+            })
+            .collect();
+        for chunk in values.chunks(250) {
+            self.exec(&format!(
+                "INSERT INTO {{t}} (channel, payload, ordering_key) VALUES {}",
+                chunk.join(", ")
+            ))
+            .await;
+        }
+    }
+
+    /// Inserts `n` rows of channel `hook` with payloads [`payload`]`(1..=n)`.
+    pub async fn insert_hooks(&self, n: usize) {
+        self.insert("hook", (1..=n).map(|i| (None, payload(i))))
+            .await;
+    }
+
+    /// Inserts one row through the store's `enqueue` (the CLI verb's path); returns its id.
+    pub async fn enqueue(&self, channel: &str, payload: &str, key: Option<&str>) -> i64 {
+        let row = NewRow {
+            channel: channel.to_string(),
+            recipient: Some("r".into()),
+            payload: payload.to_string(),
+            ordering_key: key.map(str::to_string),
+        };
+        bounded("enqueue", self.store.enqueue(&row)).await
     }
 
     /// Waits until every row is SUCCESS (and there is at least one); after `timeout` panics
@@ -264,6 +302,40 @@ impl Feeder {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("feeder")
     }
+}
+
+/// Asserts that the fencing row of `lease` names `holder` (its token is `<holder>#...`) and
+/// that the relays' metrics agree: `lease_held` is 1 on the holder only, and the holder's
+/// `lease_epoch` is the row's. Returns the row's (token, epoch) for the backend's own checks.
+pub async fn assert_fenced_holder(
+    td: &TestDb,
+    lease: &str,
+    relays: &[process::RelayProc],
+    holder: &str,
+) -> (String, i64) {
+    use outbox_relay::metric;
+    let (db_holder, epoch) = td.lease_row(lease).await.expect("fencing row exists");
+    let token = db_holder.expect("the fencing row names the holder");
+    assert!(
+        token.starts_with(&format!("{holder}#")),
+        "outbox_relay_lease.holder is {token:?}, but {holder} is the one delivering"
+    );
+    for r in relays {
+        let held = r.metric(metric::LEASE_HELD).await;
+        let want = if r.name == holder { 1.0 } else { 0.0 };
+        assert_eq!(
+            held,
+            want,
+            "{} of relay {} is {held}",
+            metric::LEASE_HELD,
+            r.name
+        );
+    }
+    if let Some(r) = relays.iter().find(|r| r.name == holder) {
+        let e = r.metric(metric::LEASE_EPOCH).await;
+        assert_eq!(e, epoch as f64, "{} of the holder", metric::LEASE_EPOCH);
+    }
+    (token, epoch)
 }
 
 /// The relay binary built by cargo for integration tests.

@@ -1,13 +1,14 @@
-//! Loading and validation at library level: `Settings::load_with_env` with a file in a temp
-//! directory and an explicit environment (the process environment is never read here).
+//! Loading and validation at library level, where every case is cheap: `Settings::load_with_env`
+//! with a file in a temp directory and an explicit environment (the process environment is
+//! never read here), then the sinks' own keys, as the CLI does. The binary's side (exit codes,
+//! messages, both verbs) is checked once per class of error in `config/mod.rs`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::validate::CLAIM_MARGIN;
-use super::*;
-use crate::sink::{SinkKind, SinkSpec};
+use outbox_relay::config::*;
+use outbox_relay::sink::{SinkKind, SinkSpec};
 
 /// A config file with `toml` (kept alive with its directory).
 struct File {
@@ -176,6 +177,7 @@ fn durations_must_be_strings_with_units() {
     let e = err("[relay]\nclaim_ttl = \"60\"\n", &[], "relay.claim_ttl");
     assert!(e.problem.contains("no unit"), "{e}");
     err("[lease]\nttl = \"10w\"\n", &[], "lease.ttl");
+    err("[lease]\nttl = 10\n", &[], "lease.ttl");
     err(
         "[sinks.hook]\nkind = \"webhook\"\nurl = \"http://x/\"\ntimeout = \"fast\"\n",
         &[],
@@ -245,6 +247,11 @@ fn lease_ttl_must_be_three_renew_timeouts_g7() {
         "lease.ttl",
     );
     err("", &[("OUTBOX_RELAY__LEASE__TTL", "2s")], "lease.ttl");
+    err(
+        "",
+        &[("OUTBOX_RELAY__LEASE__RENEW_TIMEOUT", "4s")],
+        "lease.ttl",
+    );
 }
 
 #[test]
@@ -261,6 +268,11 @@ fn sinks_need_a_known_kind_and_their_keys() {
     assert!(e.problem.contains("url"), "{e}");
     err(
         "[sinks.hook]\nkind = \"webhook\"\nurl = \"example.com/hook\"\n",
+        &[],
+        "sinks.hook.url",
+    );
+    err(
+        "[sinks.hook]\nkind = \"webhook\"\nurl = \"ftp://example.com/\"\n",
         &[],
         "sinks.hook.url",
     );
