@@ -6,6 +6,7 @@
 //! makes it fail instead.
 
 pub mod config;
+pub mod counting;
 pub mod process;
 pub mod receiver;
 pub mod redis;
@@ -26,6 +27,15 @@ pub enum Db {
 }
 
 impl Db {
+    /// The name used in output and in `OUTBOX_RELAY_BENCH_DBS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Db::Postgres => "postgres",
+            Db::MySql => "mysql",
+            Db::Sqlite => "sqlite",
+        }
+    }
+
     /// The server URL for this database; SQLite gets a fresh file under `dir`.
     pub fn url(self, dir: &std::path::Path) -> String {
         match self {
@@ -82,10 +92,11 @@ impl TestDb {
             Err(e) => {
                 if services_required() {
                     panic!(
-                        "{db:?} at {url} is required (OUTBOX_RELAY_REQUIRE_SERVICES=1) but unreachable: {e}"
+                        "{} at {url} is required (OUTBOX_RELAY_REQUIRE_SERVICES=1) but unreachable: {e}",
+                        db.name()
                     );
                 }
-                eprintln!("SKIPPED: {db:?} at {url} unreachable: {e}");
+                eprintln!("SKIPPED: {} at {url} unreachable: {e}", db.name());
                 return None;
             }
         };

@@ -1,0 +1,488 @@
+//! The claim section: 1, 2 and 3 relays in claim mode on one table, with and without
+//! ordering keys.
+
+use super::*;
+
+/// The longest one claim-mode run may take.
+pub(crate) const CLAIM_RUN_LIMIT: Duration = Duration::from_secs(40);
+/// Distinct ordering keys in the keyed claim runs (assigned round-robin).
+pub(crate) const ORDERING_KEYS: usize = 200;
+/// The short `relay.poll_interval` of the keyed diagnostic run (the default is 500ms).
+pub(crate) const KEYED_DIAGNOSTIC_POLL: Duration = Duration::from_millis(20);
+/// Each claim-mode instance's `batch_size` and `max_in_flight` (as the leader section's main
+/// run; the sink's concurrency is set to `max_in_flight`).
+pub(crate) const CLAIM_BATCH: u32 = 100;
+pub(crate) const CLAIM_IN_FLIGHT: u32 = 64;
+
+/// What one claim-mode run measured.
+#[derive(Debug, Clone)]
+pub(crate) struct ClaimRun {
+    pub(crate) rows: usize,
+    pub(crate) instances: usize,
+    /// Distinct ordering keys (0: no row has one).
+    pub(crate) keys: usize,
+    /// `relay.poll_interval` when set for the run (diagnostic); else the default (500ms).
+    pub(crate) poll_interval: Option<Duration>,
+    pub(crate) rows_per_sec: f64,
+    pub(crate) halves: Option<(f64, f64)>,
+    /// Requests each instance's sink made (from its receiver path), in instance order.
+    pub(crate) shares: Vec<u64>,
+    pub(crate) received: u64,
+    /// Requests whose `webhook-id` the receiver had already seen in this run.
+    pub(crate) repeats: u64,
+    /// Statements of all instances' stores together.
+    pub(crate) statements: u64,
+    /// Times an instance's readiness was seen going false (a failed claim: the loop then
+    /// backs off for at least 500ms), sampled every few milliseconds.
+    pub(crate) claim_failures: u64,
+    pub(crate) cpu: Option<(f64, f64)>,
+}
+
+impl ClaimRun {
+    pub(crate) fn label(&self) -> String {
+        let keys = if self.keys == 0 {
+            "unkeyed".to_string()
+        } else {
+            format!("{} keys", self.keys)
+        };
+        let poll = self
+            .poll_interval
+            .map(|p| format!(" poll {}ms", p.as_millis()))
+            .unwrap_or_default();
+        format!("{} inst {keys}{poll}", self.instances)
+    }
+
+    pub(crate) fn shares(&self) -> String {
+        let counts: Vec<String> = self.shares.iter().map(|c| c.to_string()).collect();
+        let total: u64 = self.shares.iter().sum::<u64>().max(1);
+        let pct: Vec<String> = self
+            .shares
+            .iter()
+            .map(|c| format!("{:.0}%", *c as f64 * 100.0 / total as f64))
+            .collect();
+        format!("{} ({})", counts.join("/"), pct.join("/"))
+    }
+}
+
+/// How one claim-mode run is set up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimSetup {
+    pub(crate) instances: usize,
+    /// Distinct ordering keys, round-robin (0: none).
+    pub(crate) keys: usize,
+    /// Diagnostic: `relay.poll_interval` for every instance (None: the default).
+    pub(crate) poll_interval: Option<Duration>,
+}
+
+impl ClaimSetup {
+    pub(crate) fn new(instances: usize, keys: usize) -> ClaimSetup {
+        ClaimSetup {
+            instances,
+            keys,
+            poll_interval: None,
+        }
+    }
+}
+
+/// Runs `instances` claim-mode relays in this process, each with its own pool, sinks and
+/// instance id, over one table of `n` pre-inserted rows, until all are SUCCESS.
+pub(crate) async fn claim_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    n: usize,
+    setup: ClaimSetup,
+) -> anyhow::Result<ClaimRun> {
+    let table = unique_table("claim");
+    let result = claim_run_on(db, url, &table, receiver, n, setup).await;
+    let dialect = (db == Db::Postgres).then_some(Dialect::Postgres);
+    drop_table(url, &table, dialect).await;
+    result
+}
+
+pub(crate) async fn claim_run_on(
+    db: Db,
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    n: usize,
+    setup: ClaimSetup,
+) -> anyhow::Result<ClaimRun> {
+    let ClaimSetup {
+        instances,
+        keys,
+        poll_interval,
+    } = setup;
+    if instances == 0 || instances > INSTANCE_PATHS.len() {
+        bail!("instances must be 1..={}", INSTANCE_PATHS.len());
+    }
+    prepare_table(url, table, n, true, keys).await?;
+    let dir = tempfile::tempdir()?;
+    let config_file = dir.path().join("bench.toml");
+    std::fs::write(&config_file, "")?;
+
+    let shutdown = CancellationToken::new();
+    // Whatever way this function returns, the instances and their LISTEN sessions stop.
+    let _stop_all = shutdown.clone().drop_guard();
+    let mut relays = Vec::with_capacity(instances);
+    let mut stores = Vec::with_capacity(instances);
+    let mut healths = Vec::with_capacity(instances);
+    for (i, path) in INSTANCE_PATHS.iter().enumerate().take(instances) {
+        let env: BTreeMap<String, String> = [
+            ("OUTBOX_RELAY__DATABASE__URL", url.to_string()),
+            ("OUTBOX_RELAY__DATABASE__TABLE", table.to_string()),
+            ("OUTBOX_RELAY__HTTP__LISTEN", String::new()),
+            ("OUTBOX_RELAY__RELAY__INSTANCE_ID", format!("bench-{path}")),
+            ("OUTBOX_RELAY__RELAY__MODE", "claim".to_string()),
+            ("OUTBOX_RELAY__RELAY__BATCH_SIZE", CLAIM_BATCH.to_string()),
+            (
+                "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
+                CLAIM_IN_FLIGHT.to_string(),
+            ),
+            ("OUTBOX_RELAY__LEASE__BACKEND", "none".to_string()),
+            ("OUTBOX_RELAY__SINKS__HOOK__KIND", "webhook".to_string()),
+            ("OUTBOX_RELAY__SINKS__HOOK__URL", receiver.instance_url(i)),
+            ("OUTBOX_RELAY__SINKS__HOOK__TIMEOUT", "10s".to_string()),
+            (
+                "OUTBOX_RELAY__SINKS__HOOK__CONCURRENCY",
+                CLAIM_IN_FLIGHT.to_string(),
+            ),
+        ]
+        .into_iter()
+        .chain(poll_interval.map(|p| {
+            (
+                "OUTBOX_RELAY__RELAY__POLL_INTERVAL",
+                format!("{}ms", p.as_millis()),
+            )
+        }))
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let settings = Settings::load_with_env(Some(&config_file), Some(env))
+            .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
+        let sinks = Arc::new(SinkRegistry::build(&settings)?);
+        let store = Arc::new(
+            SqlStore::connect(
+                url,
+                table,
+                settings.database.max_connections,
+                settings.database.connect_timeout,
+            )
+            .await?,
+        );
+        let wake = Arc::new(Notify::new());
+        if db == Db::Postgres && settings.database.listen {
+            tokio::spawn(store::listen(
+                url.to_string(),
+                table.to_string(),
+                wake.clone(),
+                shutdown.clone(),
+            ));
+        }
+        let health = Arc::new(Health::default());
+        health.set_database(true);
+        relays.push(Relay {
+            store: store.clone() as Arc<SqlStore>,
+            sinks,
+            settings: settings.relay.clone(),
+            lease: None,
+            wake,
+            health: health.clone(),
+            shutdown: shutdown.clone(),
+        });
+        healths.push(health);
+        stores.push(store);
+    }
+    let probe = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
+
+    let received_before = receiver.count();
+    let shares_before = receiver.instance_counts();
+    let repeats_before = receiver.reset_seen();
+    let statements_before: u64 = stores.iter().map(|s| s.statements()).sum();
+    let cpu_before = CpuSnap::take();
+    let started = Instant::now();
+    let tasks: Vec<_> = relays
+        .into_iter()
+        .map(|relay| tokio::spawn(relay.run()))
+        .collect();
+
+    let deadline = started + CLAIM_RUN_LIMIT;
+    let mut half_at: Option<Duration> = None;
+    let mut was_ok = vec![true; instances];
+    let mut claim_failures = 0u64;
+    let outcome: anyhow::Result<()> = loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        for (ok, health) in was_ok.iter_mut().zip(&healths) {
+            let now_ok = health.database_ok();
+            if *ok && !now_ok {
+                claim_failures += 1;
+            }
+            *ok = now_ok;
+        }
+        let received = receiver.count() - received_before;
+        if half_at.is_none() && received >= n as u64 / 2 {
+            half_at = Some(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            let counts = status_counts(probe.pool(), table).await;
+            break Err(anyhow::anyhow!(
+                "rows did not all reach SUCCESS within {CLAIM_RUN_LIMIT:?}: received {received} of {n}, table: {counts}"
+            ));
+        }
+        if tasks.iter().any(|t| t.is_finished()) {
+            break Err(anyhow::anyhow!("a relay loop ended by itself"));
+        }
+        if received < n as u64 {
+            continue;
+        }
+        let done = scalar(
+            probe.pool(),
+            format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
+        )
+        .await?;
+        if done >= n as i64 {
+            break Ok(());
+        }
+    };
+    let elapsed = started.elapsed();
+    let statements = stores.iter().map(|s| s.statements()).sum::<u64>() - statements_before;
+    let halves = half_at.map(|h| {
+        let half = (n / 2) as f64;
+        (
+            half / h.as_secs_f64(),
+            (n as f64 - half) / (elapsed - h).as_secs_f64().max(1e-6),
+        )
+    });
+    let cpu = cpu_before
+        .zip(CpuSnap::take())
+        .and_then(|(a, b)| a.since(b));
+
+    shutdown.cancel();
+    let stop_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    for task in tasks {
+        if tokio::time::timeout_at(stop_by, task).await.is_err() {
+            eprintln!("warning: a claim-mode relay did not stop within 30s of shutdown");
+            break;
+        }
+    }
+    let received = receiver.count() - received_before;
+    let shares = receiver
+        .instance_counts()
+        .iter()
+        .zip(&shares_before)
+        .take(instances)
+        .map(|(after, before)| after - before)
+        .collect();
+    let repeats = receiver.reset_seen() - repeats_before;
+    for store in &stores {
+        store.pool().close().await;
+    }
+    probe.pool().close().await;
+    outcome?;
+    Ok(ClaimRun {
+        rows: n,
+        instances,
+        keys,
+        poll_interval,
+        rows_per_sec: n as f64 / elapsed.as_secs_f64(),
+        halves,
+        shares,
+        received,
+        repeats,
+        statements,
+        claim_failures,
+        cpu,
+    })
+}
+
+/// One database's claim-mode figures, for the final table.
+pub(crate) struct ClaimSection {
+    pub(crate) db: Db,
+    /// Unkeyed runs by instance count (1, 2, 3; a failed run is missing).
+    pub(crate) scaling: Vec<ClaimRun>,
+    /// The same on rows with ordering keys (1 and 3 instances).
+    pub(crate) keyed: Vec<ClaimRun>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) skipped: Option<String>,
+}
+
+impl ClaimSection {
+    pub(crate) fn unkeyed(&self, instances: usize) -> Option<&ClaimRun> {
+        self.scaling.iter().find(|r| r.instances == instances)
+    }
+}
+
+pub(crate) fn print_claim(db: Db, r: &ClaimRun, base: Option<&ClaimRun>) {
+    let failures = if r.claim_failures > 0 {
+        format!("  FAILED CLAIMS {}", r.claim_failures)
+    } else {
+        String::new()
+    };
+    let ratio = base
+        .filter(|b| b.rows_per_sec > 0.0)
+        .map(|b| {
+            let of = if r.keys == 0 {
+                "of 1 inst".to_string()
+            } else {
+                format!("of {} inst unkeyed", b.instances)
+            };
+            format!("  {:.2}x {of}", r.rows_per_sec / b.rows_per_sec)
+        })
+        .unwrap_or_default();
+    println!(
+        "  {:<8} claim     {:<16} rows {:>6}: {:>6.0} rows/s{}{ratio}  shares {}  statements/row {:.4} ({} stmts)  received {}{failures}{}",
+        db.name(),
+        r.label(),
+        r.rows,
+        r.rows_per_sec,
+        r.halves
+            .map(|(a, b)| format!(" (halves {a:.0}/{b:.0})"))
+            .unwrap_or_default(),
+        r.shares(),
+        r.statements as f64 / r.rows as f64,
+        r.statements,
+        r.received,
+        fmt_cpu(r.cpu),
+    );
+}
+
+/// Claim mode on one database: 1, 2 and 3 instances on unkeyed rows, then 1 and 3 instances
+/// on rows with ordering keys.
+pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) -> ClaimSection {
+    let mut s = ClaimSection {
+        db,
+        scaling: Vec::new(),
+        keyed: Vec::new(),
+        errors: Vec::new(),
+        skipped: None,
+    };
+    // Only PostgreSQL and MySQL/MariaDB run here; the path is for SQLite's file.
+    let url = db.url(&std::env::temp_dir());
+    match SqlStore::connect(&url, "bench_probe", 1, Duration::from_secs(3)).await {
+        Ok(store) => store.pool().close().await,
+        Err(e) => {
+            let msg = format!("{} at {url} unreachable: {e}", db.name());
+            println!("SKIPPED: {msg}");
+            s.skipped = Some(msg);
+            return s;
+        }
+    }
+    println!(
+        "== {}: claim mode, {rows} rows per run, each instance batch {CLAIM_BATCH} max_in_flight {CLAIM_IN_FLIGHT}, own pool and receiver path",
+        db.name()
+    );
+    for instances in 1..=INSTANCE_PATHS.len() {
+        match claim_run(db, &url, receiver, rows, ClaimSetup::new(instances, 0)).await {
+            Ok(r) => {
+                print_claim(db, &r, s.unkeyed(1).filter(|_| instances > 1));
+                s.scaling.push(r);
+            }
+            Err(e) => {
+                println!(
+                    "  {:<8} claim     {instances} inst unkeyed ERROR: {e:#}",
+                    db.name()
+                );
+                s.errors
+                    .push(format!("claim {instances} inst unkeyed: {e:#}"));
+            }
+        }
+    }
+    // Ordering on: the same runs on keyed rows, then a diagnostic with a short poll interval
+    // (a claim that comes back short, as when most keys' heads are in flight, makes the loop
+    // sleep poll_interval; this shows how much of the cost is that sleep).
+    let keyed = [
+        ClaimSetup::new(1, ORDERING_KEYS),
+        ClaimSetup::new(INSTANCE_PATHS.len(), ORDERING_KEYS),
+        ClaimSetup {
+            poll_interval: Some(KEYED_DIAGNOSTIC_POLL),
+            ..ClaimSetup::new(1, ORDERING_KEYS)
+        },
+    ];
+    for setup in keyed {
+        match claim_run(db, &url, receiver, rows, setup).await {
+            Ok(r) => {
+                print_claim(db, &r, s.unkeyed(setup.instances));
+                s.keyed.push(r);
+            }
+            Err(e) => {
+                let poll = setup
+                    .poll_interval
+                    .map(|p| format!(" poll {}ms", p.as_millis()))
+                    .unwrap_or_default();
+                let what = format!("{} inst {} keys{poll}", setup.instances, setup.keys);
+                println!("  {:<8} claim     {what} ERROR: {e:#}", db.name());
+                s.errors.push(format!("claim {what}: {e:#}"));
+            }
+        }
+    }
+    s
+}
+
+/// The claim section's lines of the final summary.
+pub(crate) fn print_claim_summary(s: &ClaimSection) -> bool {
+    if let Some(why) = &s.skipped {
+        println!("{:<9} claim skipped: {why}", s.db.name());
+        return true;
+    }
+    let base = s.unkeyed(1).map(|r| r.rows_per_sec);
+    let mut line = format!("{:<9} claim", s.db.name());
+    for n in 1..=INSTANCE_PATHS.len() {
+        match s.unkeyed(n) {
+            Some(r) => {
+                line.push_str(&format!("  {n} inst {:.0} rows/s", r.rows_per_sec));
+                if let (true, Some(b)) = (n > 1, base.filter(|b| *b > 0.0)) {
+                    line.push_str(&format!(" ({:.2}x)", r.rows_per_sec / b));
+                }
+            }
+            None => line.push_str(&format!("  {n} inst -")),
+        }
+    }
+    if let Some(r) = s.scaling.iter().max_by_key(|r| r.instances)
+        && r.instances > 1
+    {
+        line.push_str(&format!("  shares({} inst) {}", r.instances, r.shares()));
+    }
+    if !s.keyed.is_empty() {
+        line.push_str(&format!("  ordering({ORDERING_KEYS} keys)"));
+    }
+    for r in &s.keyed {
+        let poll = r
+            .poll_interval
+            .map(|p| format!(" poll {}ms", p.as_millis()))
+            .unwrap_or_default();
+        line.push_str(&format!(
+            " {} inst{poll} {:.0}",
+            r.instances, r.rows_per_sec
+        ));
+        if let Some(b) = s.unkeyed(r.instances).filter(|b| b.rows_per_sec > 0.0) {
+            line.push_str(&format!(
+                " ({:.2}x of unkeyed)",
+                r.rows_per_sec / b.rows_per_sec
+            ));
+        }
+    }
+    println!("{line}");
+    for r in s.scaling.iter().chain(&s.keyed) {
+        if r.received != r.rows as u64 || r.repeats > 0 {
+            println!(
+                "{:<9}   NOTE: {}: receiver counted {} requests for {} rows, {} of them for an id already received",
+                "",
+                r.label(),
+                r.received,
+                r.rows,
+                r.repeats
+            );
+        }
+        if r.claim_failures > 0 {
+            println!(
+                "{:<9}   NOTE: {}: {} failed claims (an instance's readiness went false; each costs a backoff of at least 500ms)",
+                "",
+                r.label(),
+                r.claim_failures
+            );
+        }
+    }
+    for e in &s.errors {
+        println!("{:<9}   ERROR claim {e}", s.db.name());
+    }
+    s.errors.is_empty()
+}

@@ -1,0 +1,145 @@
+//! The bench's tables: filled with a bulk insert, as a backlog builds up, and dropped after
+//! each run; the row counts and PostgreSQL's commit counter.
+
+use super::*;
+
+pub(crate) fn payload(n: usize) -> String {
+    format!(r#"{{"event":"order.created","order_id":{n},"amount":1250,"currency":"KRW"}}"#)
+}
+
+/// Runs one statement of our own on `pool` (not counted by the store).
+pub(crate) async fn exec(pool: &sqlx::AnyPool, sql: String) -> anyhow::Result<u64> {
+    Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await?
+        .rows_affected())
+}
+
+pub(crate) async fn scalar(pool: &sqlx::AnyPool, sql: String) -> anyhow::Result<i64> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await?;
+    Ok(row.try_get::<i64, _>(0)?)
+}
+
+/// Creates (migrates) `table` and fills it with `n` PENDING webhook rows, in multi-row INSERTs;
+/// with `keys` > 0, row k gets `ordering_key` `k{k % keys}` (round-robin, so consecutive rows
+/// belong to different keys); with `analyze`, then refreshes the planner's statistics, as
+/// autovacuum would soon do.
+pub(crate) async fn prepare_table(
+    url: &str,
+    table: &str,
+    n: usize,
+    analyze: bool,
+    keys: usize,
+) -> anyhow::Result<()> {
+    let setup = SqlStore::connect(url, table, 2, Duration::from_secs(5)).await?;
+    setup.migrate().await.context("migrate")?;
+    let mut i = 0;
+    while i < n {
+        let end = (i + INSERT_CHUNK).min(n);
+        let values: Vec<String> = (i..end)
+            .map(|k| {
+                let key = if keys > 0 {
+                    format!("'k{}'", k % keys)
+                } else {
+                    "NULL".to_string()
+                };
+                format!("('hook', '{}', {key})", payload(k))
+            })
+            .collect();
+        exec(
+            setup.pool(),
+            format!(
+                "INSERT INTO {table} (channel, payload, ordering_key) VALUES {}",
+                values.join(", ")
+            ),
+        )
+        .await
+        .context("bulk insert")?;
+        i = end;
+    }
+    if analyze {
+        let sql = match setup.dialect() {
+            Dialect::MySql { .. } => format!("ANALYZE TABLE {table}"),
+            _ => format!("ANALYZE {table}"),
+        };
+        // MySQL answers ANALYZE TABLE with a result set.
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(setup.pool())
+            .await
+            .context("analyze")?;
+    }
+    // Closing ends the server sessions, which flushes their statistics (PostgreSQL).
+    setup.pool().close().await;
+    Ok(())
+}
+
+/// Drops a bench table and what `migrate` created with it (best effort).
+pub(crate) async fn drop_table(url: &str, table: &str, dialect: Option<Dialect>) {
+    let Ok(store) = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await else {
+        eprintln!("warning: could not connect to drop {table}");
+        return;
+    };
+    let pool = store.pool();
+    if exec(pool, format!("DROP TABLE IF EXISTS {table}"))
+        .await
+        .is_err()
+    {
+        eprintln!("warning: could not drop {table}");
+    }
+    if dialect == Some(Dialect::Postgres) {
+        let _ = exec(pool, format!("DROP FUNCTION IF EXISTS {table}_notify()")).await;
+    }
+    let _ = exec(
+        pool,
+        format!("DELETE FROM outbox_relay_schema WHERE target = '{table}'"),
+    )
+    .await;
+    pool.close().await;
+}
+
+/// `pg_stat_database.xact_commit` for the URL's database, read on a fresh session.
+pub(crate) async fn pg_xact_commit(url: &str) -> Option<i64> {
+    let mut conn = sqlx::PgConnection::connect(url).await.ok()?;
+    let v: i64 = sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .ok()?;
+    let _ = conn.close().await;
+    Some(v)
+}
+
+/// Reads xact_commit after giving closed sessions a moment to exit and flush their stats.
+pub(crate) async fn settled_xacts(db: Db, url: &str) -> Option<i64> {
+    if db != Db::Postgres {
+        return None;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pg_xact_commit(url).await
+}
+
+/// Counts by status, for error messages.
+pub(crate) async fn status_counts(pool: &sqlx::AnyPool, table: &str) -> String {
+    match sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT status, COUNT(*) FROM {table} GROUP BY status ORDER BY status"
+    )))
+    .fetch_all(pool)
+    .await
+    {
+        Ok(rows) => rows
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}={}",
+                    r.try_get::<String, _>(0).unwrap_or_default(),
+                    r.try_get::<i64, _>(1).unwrap_or(-1)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+        Err(e) => format!("(status query failed: {e})"),
+    }
+}

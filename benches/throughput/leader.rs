@@ -1,0 +1,460 @@
+//! The leader section: one relay over a backlog, its variations, and the references
+//! (`references.rs`) measured in the same run.
+
+use super::*;
+
+/// How one relay run is set up.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunConfig {
+    pub(crate) batch_size: u32,
+    pub(crate) max_in_flight: u32,
+    /// The webhook sink's `concurrency` (None: left at its default, 32).
+    pub(crate) sink_concurrency: Option<u32>,
+    /// Whether the table's statistics are fresh (ANALYZE after the bulk insert) when the run
+    /// starts, or as a just-filled table has them (none, or from before the rows arrived).
+    pub(crate) analyze: bool,
+    /// PostgreSQL only, diagnostic: settings for the relay's sessions, passed in the URL's
+    /// `options` (`-c name=value ...`), with a short label. Used to show what the claim's
+    /// query plan and the WAL flush at each commit cost; not recommended settings.
+    pub(crate) pg_options: Option<(&'static str, &'static str)>,
+}
+
+impl RunConfig {
+    pub(crate) fn new(batch_size: u32, max_in_flight: u32) -> RunConfig {
+        RunConfig {
+            batch_size,
+            max_in_flight,
+            sink_concurrency: Some(max_in_flight),
+            analyze: true,
+            pg_options: None,
+        }
+    }
+}
+
+/// What one relay run measured.
+#[derive(Debug, Clone)]
+pub(crate) struct RelayRun {
+    pub(crate) rows: usize,
+    pub(crate) config: RunConfig,
+    pub(crate) rows_per_sec: f64,
+    pub(crate) statements: u64,
+    pub(crate) xacts: Option<i64>,
+    pub(crate) received: u64,
+    pub(crate) cpu: Option<(f64, f64)>,
+    /// Rows/s over the first and the second half of the rows.
+    pub(crate) halves: Option<(f64, f64)>,
+}
+
+impl RelayRun {
+    pub(crate) fn statements_per_row(&self) -> f64 {
+        self.statements as f64 / self.rows as f64
+    }
+
+    pub(crate) fn xacts_per_row(&self) -> Option<f64> {
+        self.xacts.map(|x| x as f64 / self.rows as f64)
+    }
+}
+
+/// Runs the relay in-process over `n` pre-inserted rows until all are SUCCESS.
+pub(crate) async fn relay_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    n: usize,
+    config: RunConfig,
+) -> anyhow::Result<RelayRun> {
+    let table = unique_table("relay");
+    let result = relay_run_on(db, url, &table, receiver, n, config).await;
+    let dialect = match db {
+        Db::Postgres => Some(Dialect::Postgres),
+        _ => None,
+    };
+    drop_table(url, &table, dialect).await;
+    result
+}
+
+pub(crate) async fn relay_run_on(
+    db: Db,
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    n: usize,
+    config: RunConfig,
+) -> anyhow::Result<RelayRun> {
+    let RunConfig {
+        batch_size,
+        max_in_flight,
+        sink_concurrency,
+        analyze,
+        pg_options,
+    } = config;
+    prepare_table(url, table, n, analyze, 0).await?;
+    let bench_url = url;
+    let url = &match pg_options {
+        Some((_, options)) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let encoded = options.replace(' ', "%20").replace('=', "%3D");
+            format!("{url}{sep}options={encoded}")
+        }
+        None => url.to_string(),
+    };
+
+    // An empty config file, so a config/relay.toml in the working directory cannot interfere.
+    let dir = tempfile::tempdir()?;
+    let config_file = dir.path().join("bench.toml");
+    std::fs::write(&config_file, "")?;
+    let env: BTreeMap<String, String> = [
+        ("OUTBOX_RELAY__DATABASE__URL", url.to_string()),
+        ("OUTBOX_RELAY__DATABASE__TABLE", table.to_string()),
+        ("OUTBOX_RELAY__HTTP__LISTEN", String::new()),
+        ("OUTBOX_RELAY__RELAY__INSTANCE_ID", "bench".to_string()),
+        ("OUTBOX_RELAY__RELAY__MODE", "leader".to_string()),
+        ("OUTBOX_RELAY__RELAY__BATCH_SIZE", batch_size.to_string()),
+        (
+            "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
+            max_in_flight.to_string(),
+        ),
+        ("OUTBOX_RELAY__LEASE__BACKEND", "none".to_string()),
+        ("OUTBOX_RELAY__SINKS__HOOK__KIND", "webhook".to_string()),
+        ("OUTBOX_RELAY__SINKS__HOOK__URL", receiver.url.clone()),
+        ("OUTBOX_RELAY__SINKS__HOOK__TIMEOUT", "10s".to_string()),
+    ]
+    .into_iter()
+    // Unset, the sink's own cap is its default (32), whatever max_in_flight says.
+    .chain(sink_concurrency.map(|c| ("OUTBOX_RELAY__SINKS__HOOK__CONCURRENCY", c.to_string())))
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let settings = Settings::load_with_env(Some(&config_file), Some(env))
+        .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
+    let sinks = Arc::new(SinkRegistry::build(&settings)?);
+    let store = Arc::new(
+        SqlStore::connect(
+            url,
+            table,
+            settings.database.max_connections,
+            settings.database.connect_timeout,
+        )
+        .await?,
+    );
+    if let Some((_, options)) = pg_options {
+        // Check that the server took them (each `-c name=value`).
+        for setting in options.split("-c").map(str::trim).filter(|s| !s.is_empty()) {
+            let (name, value) = setting.split_once('=').unwrap_or((setting, ""));
+            let actual: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
+                .fetch_one(store.pool())
+                .await?;
+            if actual != value {
+                bail!("{name} is {actual:?} on the relay's sessions, not {value:?}");
+            }
+        }
+    }
+    // The bench's own progress checks go through a separate one-connection pool.
+    let probe = SqlStore::connect(bench_url, table, 1, Duration::from_secs(5)).await?;
+    let mut probe_queries = 0i64;
+
+    let xacts_before = settled_xacts(db, bench_url).await;
+    let shutdown = CancellationToken::new();
+    let wake = Arc::new(Notify::new());
+    if db == Db::Postgres && settings.database.listen {
+        // As `run` wires it (pre-inserted rows need no NOTIFY, but the session is realistic).
+        tokio::spawn(store::listen(
+            url.to_string(),
+            table.to_string(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let relay = Relay {
+        store: store.clone() as Arc<SqlStore>,
+        sinks,
+        settings: settings.relay.clone(),
+        lease: None,
+        wake,
+        health: Arc::new(Health::default()),
+        shutdown: shutdown.clone(),
+    };
+    let received_before = receiver.count();
+    let statements_before = store.statements();
+    let cpu_before = CpuSnap::take();
+    let started = Instant::now();
+    let task = tokio::spawn(relay.run());
+
+    // Watch the receiver (free), then confirm in the database (cheap, a few queries).
+    let deadline = started + RELAY_RUN_LIMIT;
+    // When the receiver saw half the rows: a second half much slower than the first points at
+    // claims getting costlier as delivered rows pile up in the table.
+    let mut half_at: Option<Duration> = None;
+    let outcome: anyhow::Result<()> = loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        if half_at.is_none() && receiver.count() - received_before >= n as u64 / 2 {
+            half_at = Some(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            let counts = status_counts(probe.pool(), table).await;
+            break Err(anyhow::anyhow!(
+                "rows did not all reach SUCCESS within {RELAY_RUN_LIMIT:?}: received {} of {n}, table: {counts}",
+                receiver.count() - received_before
+            ));
+        }
+        if task.is_finished() {
+            break Err(anyhow::anyhow!("the relay loop ended by itself"));
+        }
+        if receiver.count() - received_before < n as u64 {
+            continue;
+        }
+        probe_queries += 1;
+        let done = scalar(
+            probe.pool(),
+            format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
+        )
+        .await?;
+        if done >= n as i64 {
+            break Ok(());
+        }
+    };
+    let elapsed = started.elapsed();
+    let statements = store.statements() - statements_before;
+    let halves = half_at.map(|h| {
+        let half = (n / 2) as f64;
+        (
+            half / h.as_secs_f64(),
+            (n as f64 - half) / (elapsed - h).as_secs_f64().max(1e-6),
+        )
+    });
+    let cpu = cpu_before
+        .zip(CpuSnap::take())
+        .and_then(|(a, b)| a.since(b));
+
+    shutdown.cancel();
+    if tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .is_err()
+    {
+        eprintln!("warning: relay did not stop within 30s of shutdown");
+    }
+    outcome?;
+    let received = receiver.count() - received_before;
+    store.pool().close().await;
+    probe.pool().close().await;
+    let xacts_after = settled_xacts(db, bench_url).await;
+    let xacts = match (xacts_before, xacts_after) {
+        // Our own sessions: the probe's queries and the stats read itself.
+        (Some(a), Some(b)) => Some(b - a - probe_queries - 1),
+        _ => None,
+    };
+    Ok(RelayRun {
+        rows: n,
+        config,
+        rows_per_sec: n as f64 / elapsed.as_secs_f64(),
+        statements,
+        xacts,
+        received,
+        cpu,
+        halves,
+    })
+}
+
+/// One database's figures, for the final table.
+pub(crate) struct Section {
+    pub(crate) db: Db,
+    pub(crate) main: Option<RelayRun>,
+    pub(crate) naive: Option<NaiveRun>,
+    pub(crate) ceiling: Option<f64>,
+    pub(crate) variations: Vec<RelayRun>,
+    pub(crate) errors: Vec<String>,
+    pub(crate) skipped: Option<String>,
+}
+
+pub(crate) fn relay_config(r: &RelayRun) -> String {
+    let c = r.config;
+    let sink = match c.sink_concurrency {
+        Some(n) => format!("sink conc {n:>4}"),
+        None => "sink conc  32*".to_string(),
+    };
+    let stats = if c.analyze { "" } else { " no-ANALYZE" };
+    let options = c
+        .pg_options
+        .map(|(label, _)| format!(" {label}"))
+        .unwrap_or_default();
+    format!(
+        "batch {:>4} in_flight {:>4} {sink}{stats}{options}",
+        c.batch_size, c.max_in_flight
+    )
+}
+
+pub(crate) fn print_relay(db: Db, label: &str, r: &RelayRun) {
+    let xacts = r
+        .xacts_per_row()
+        .map(|x| format!("  xacts/row {x:.4}"))
+        .unwrap_or_default();
+    println!(
+        "  {:<8} {label:<9} {} rows {:>6}: {:>6.0} rows/s{}  statements/row {:.4} ({} stmts){xacts}  received {}{}",
+        db.name(),
+        relay_config(r),
+        r.rows,
+        r.rows_per_sec,
+        r.halves
+            .map(|(a, b)| format!(" (halves {a:.0}/{b:.0})"))
+            .unwrap_or_default(),
+        r.statements_per_row(),
+        r.statements,
+        r.received,
+        fmt_cpu(r.cpu),
+    );
+}
+
+pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -> Section {
+    let mut s = Section {
+        db,
+        main: None,
+        naive: None,
+        ceiling: None,
+        variations: Vec::new(),
+        errors: Vec::new(),
+        skipped: None,
+    };
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            s.errors.push(format!("tempdir: {e}"));
+            return s;
+        }
+    };
+    let url = db.url(dir.path());
+    // Reachable at all?
+    match SqlStore::connect(&url, "bench_probe", 1, Duration::from_secs(3)).await {
+        Ok(store) => store.pool().close().await,
+        Err(e) => {
+            let msg = format!("{} at {url} unreachable: {e}", db.name());
+            println!("SKIPPED: {msg}");
+            s.skipped = Some(msg);
+            return s;
+        }
+    }
+    let (batch, in_flight) = (100u32, 64u32);
+    println!(
+        "== {}: main relay run of {main_rows} rows (batch {batch}, max_in_flight {in_flight})",
+        db.name()
+    );
+
+    match ceiling_run(receiver, main_rows, in_flight).await {
+        Ok((r, cpu)) => {
+            println!(
+                "  {:<8} ceiling   concurrency {in_flight} POSTs {main_rows}: {r:.0} req/s{}",
+                db.name(),
+                fmt_cpu(cpu)
+            );
+            s.ceiling = Some(r);
+        }
+        Err(e) => s.errors.push(format!("ceiling: {e:#}")),
+    }
+
+    match relay_run(
+        db,
+        &url,
+        receiver,
+        main_rows,
+        RunConfig::new(batch, in_flight),
+    )
+    .await
+    {
+        Ok(r) => {
+            print_relay(db, "relay", &r);
+            s.main = Some(r);
+        }
+        Err(e) => {
+            println!("  {:<8} relay     ERROR: {e:#}", db.name());
+            s.errors.push(format!("relay: {e:#}"));
+        }
+    }
+
+    let naive_rows = (main_rows / 4).max(500);
+    match naive_run(db, &url, receiver, naive_rows).await {
+        Ok(r) => {
+            let xacts = r
+                .xacts
+                .map(|x| format!("  xacts/row {:.3}", x as f64 / r.rows as f64))
+                .unwrap_or_default();
+            println!(
+                "  {:<8} naive     one row at a time, rows {:>6}: {:>7.0} rows/s  statements/row {:.3}{xacts}{}",
+                db.name(),
+                r.rows,
+                r.rows_per_sec,
+                r.statements as f64 / r.rows as f64,
+                fmt_cpu(r.cpu)
+            );
+            s.naive = Some(r);
+        }
+        Err(e) => {
+            println!("  {:<8} naive     ERROR: {e:#}", db.name());
+            s.errors.push(format!("naive: {e:#}"));
+        }
+    }
+
+    // Where the throughput comes from: concurrency, batch size, and the sink's default cap.
+    let var_rows = (main_rows / 2).max(1000);
+    let variations = [
+        (RunConfig::new(100, 1), (var_rows / 10).max(300)),
+        (RunConfig::new(100, 16), var_rows),
+        (RunConfig::new(10, 64), var_rows),
+        (
+            RunConfig {
+                sink_concurrency: None,
+                ..RunConfig::new(batch, in_flight)
+            },
+            var_rows,
+        ),
+        (RunConfig::new(500, 256), var_rows),
+        // The main run on a table whose statistics predate the rows (no ANALYZE yet).
+        (
+            RunConfig {
+                analyze: false,
+                ..RunConfig::new(batch, in_flight)
+            },
+            main_rows,
+        ),
+    ];
+    // PostgreSQL diagnostics on the main configuration: the claim held to the plan it was
+    // written for (the partial index in id order; see the report), and commits that do not
+    // wait for the WAL flush.
+    let plan = "-c enable_sort=off -c enable_bitmapscan=off";
+    let diagnostics = [
+        ("plan=due_idx", plan),
+        (
+            "plan=due_idx sync_commit=off",
+            "-c enable_sort=off -c enable_bitmapscan=off -c synchronous_commit=off",
+        ),
+    ]
+    .into_iter()
+    .filter(|_| db == Db::Postgres)
+    .map(|options| {
+        (
+            RunConfig {
+                pg_options: Some(options),
+                // Without fresh statistics the planner prefers the partial index over the
+                // primary key; with them (all rows pending) it walks the primary key.
+                analyze: false,
+                ..RunConfig::new(batch, in_flight)
+            },
+            main_rows,
+        )
+    });
+    for (config, rows) in variations.into_iter().chain(diagnostics) {
+        let (b, f) = (config.batch_size, config.max_in_flight);
+        match relay_run(db, &url, receiver, rows, config).await {
+            Ok(r) => {
+                print_relay(db, "variation", &r);
+                s.variations.push(r);
+            }
+            Err(e) => {
+                println!(
+                    "  {:<8} variation batch {b} in_flight {f} ERROR: {e:#}",
+                    db.name()
+                );
+                s.errors
+                    .push(format!("variation batch {b} in_flight {f}: {e:#}"));
+            }
+        }
+    }
+    s
+}

@@ -1,0 +1,273 @@
+//! Throughput benchmark: the relay against a fast loopback webhook receiver, on PostgreSQL,
+//! MariaDB/MySQL and SQLite, next to two references measured in the same run (the machine is
+//! shared and noisy, so only ratios within one run mean much):
+//!
+//! - **naive**: the "select one due row, POST it, mark it SUCCESS" loop many hand-rolled
+//!   pollers use, one row at a time, same HTTP client settings as the webhook sink;
+//! - **ceiling**: the receiver alone, POSTed to from `max_in_flight` concurrent loops with no
+//!   database at all.
+//!
+//! For the relay it reports rows/s (start until every row is SUCCESS in the database),
+//! statements per delivered row (`SqlStore::statements`, BEGIN/COMMIT not counted) and, on
+//! PostgreSQL, transactions per row from `pg_stat_database.xact_commit` (database-wide: other
+//! sessions on the same database add noise). Each line also shows the rate over the first and
+//! the second half of the rows (a falling second half means claims get costlier as delivered
+//! rows pile up) and how busy the machine's CPUs were (this process vs the rest: the database
+//! server, and anything else running).
+//!
+//! Variations show where the throughput comes from: `max_in_flight` and `batch_size`, the sink's
+//! default `concurrency` (32), and the planner's statistics (`no-ANALYZE`: the table as a bulk
+//! insert leaves it). PostgreSQL diagnostics pass settings to the relay's sessions through the
+//! URL's `options` (never recommended settings, only to show what a cost is): `plan=due_idx`
+//! (`enable_sort` and `enable_bitmapscan` off, which leaves the claim the partial index in id
+//! order) and `sync_commit=off` (commits do not wait for the WAL flush).
+//!
+//! That is the **leader** section (one relay, `relay.mode = "leader"` without a lease). The
+//! **claim** section (PostgreSQL and MariaDB/MySQL only) runs 1, 2 and 3 relays in
+//! `relay.mode = "claim"` at once in this process, each with its own pool, sinks, instance id
+//! and receiver path (`/hook/a`, `/hook/b`, `/hook/c`), on one pre-filled table, and reports
+//! rows/s, the ratio to one instance, each instance's share of the requests, and whether any
+//! row arrived twice (by `webhook-id`). It then measures the cost of ordering: the same runs
+//! (1 and 3 instances) on rows with 200 ordering keys round-robin, and a diagnostic keyed run
+//! with a 20ms `poll_interval` (a claim that comes back short, as when most keys' heads are in
+//! flight, makes the loop sleep `poll_interval`). The instances share the machine's CPUs with
+//! each other and the database server, so the ratios show how the SQL claim path scales under
+//! contention, not what more machines would give.
+//!
+//! Run: `cargo bench --bench throughput`. Environment knobs:
+//! - `OUTBOX_RELAY_BENCH_ROWS` rows for the main relay run (default 20000 on PostgreSQL,
+//!   half that on the others; variations and the naive loop use fewer, stated in the output);
+//! - `OUTBOX_RELAY_BENCH_DBS` comma-separated subset of `postgres,mysql,sqlite`;
+//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim` (default both);
+//! - `OUTBOX_RELAY_BENCH_CLAIM_ROWS` rows per claim-section run (default 10000);
+//! - `OUTBOX_RELAY_TEST_POSTGRES_URL`, `OUTBOX_RELAY_TEST_MYSQL_URL` as for the tests.
+//!
+//! A database that cannot be reached is skipped with a message. Every run is bounded in time;
+//! a run whose rows do not all finish is reported as an error (with the row counts by status)
+//! and the bench exits non-zero at the end.
+
+mod claim;
+mod cpu;
+mod db;
+mod leader;
+mod references;
+/// The integration tests' toolkit (databases, receivers); the bench uses part of it.
+#[allow(dead_code, unused_macros)]
+#[path = "../../tests/it/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use outbox_relay::config::Settings;
+use outbox_relay::relay::Relay;
+use outbox_relay::sink::SinkRegistry;
+use outbox_relay::store::{self, Dialect, SqlStore};
+use outbox_relay::telemetry::Health;
+use sqlx::{Connection, Row};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use claim::*;
+use cpu::*;
+use db::*;
+use leader::*;
+use references::*;
+use support::Db;
+
+/// A unique table name for one run.
+fn unique_table(tag: &str) -> String {
+    support::unique_table(&format!("bench_{tag}"))
+}
+use support::counting::{INSTANCE_PATHS, Receiver};
+
+/// Rows per multi-row INSERT when preparing a table.
+const INSERT_CHUNK: usize = 1000;
+/// The longest a relay run may take before it is declared stuck.
+const RELAY_RUN_LIMIT: Duration = Duration::from_secs(60);
+/// The longest the naive loop runs; it reports the rate over the rows it managed.
+const NAIVE_RUN_LIMIT: Duration = Duration::from_secs(15);
+/// The longest the ceiling run may take.
+const CEILING_RUN_LIMIT: Duration = Duration::from_secs(30);
+/// Sink timeout used by the relay and mirrored by the naive loop's client.
+const SINK_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn main() {
+    // One process-wide rustls provider, as the binary installs (reqwest uses rustls).
+    outbox_relay::install_crypto_provider();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let ok = runtime.block_on(bench());
+    if !ok {
+        std::process::exit(1);
+    }
+}
+
+async fn bench() -> bool {
+    let base_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    let wanted =
+        std::env::var("OUTBOX_RELAY_BENCH_DBS").unwrap_or_else(|_| "postgres,mysql,sqlite".into());
+    let dbs: Vec<Db> = [Db::Postgres, Db::MySql, Db::Sqlite]
+        .into_iter()
+        .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
+        .collect();
+    let wanted_sections =
+        std::env::var("OUTBOX_RELAY_BENCH_SECTIONS").unwrap_or_else(|_| "leader,claim".into());
+    let section_on = |name: &str| wanted_sections.split(',').any(|w| w.trim() == name);
+    let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+        .max(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+
+    let receiver = match Receiver::start().await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the loopback receiver: {e:#}");
+            return false;
+        }
+    };
+    println!(
+        "outbox-relay throughput bench: receiver {} (204, no work); {} worker threads; tracing and metrics recorder not installed",
+        receiver.url, cores
+    );
+    let load = || {
+        std::fs::read_to_string("/proc/loadavg")
+            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_else(|_| "?".into())
+    };
+    let load_at_start = load();
+    let bench_started = Instant::now();
+    let mut sections = Vec::new();
+    if section_on("leader") {
+        for &db in &dbs {
+            let rows = if db == Db::Postgres {
+                base_rows
+            } else {
+                (base_rows / 2).max(1000)
+            };
+            sections.push(run_section(db, &receiver, rows).await);
+        }
+    }
+    let leader_secs = bench_started.elapsed().as_secs_f64();
+    let mut claim_sections = Vec::new();
+    let mut claim_secs = 0.0;
+    if section_on("claim") {
+        let claim_started = Instant::now();
+        for &db in dbs.iter().filter(|d| **d != Db::Sqlite) {
+            claim_sections.push(run_claim_section(db, &receiver, claim_rows).await);
+        }
+        claim_secs = claim_started.elapsed().as_secs_f64();
+    }
+    drop(receiver);
+
+    println!();
+    println!(
+        "load average at start {load_at_start}, at end {} (other work on this machine skews absolute figures; compare ratios)",
+        load()
+    );
+    if !sections.is_empty() {
+        println!(
+            "== summary (leader section {leader_secs:.0}s, bench total {:.0}s; relay = rows/s until all SUCCESS in the database; naive = select-one/POST/update-one loop on the same database over fewer rows; ceiling = POSTs alone at the same concurrency)",
+            bench_started.elapsed().as_secs_f64()
+        );
+    }
+    let mut ok = true;
+    for s in &sections {
+        if let Some(why) = &s.skipped {
+            println!("{:<9} skipped: {why}", s.db.name());
+            continue;
+        }
+        let relay = s.main.as_ref().map(|r| r.rows_per_sec);
+        let fmt_rate = |r: Option<f64>| r.map(|v| format!("{v:.0}")).unwrap_or("-".into());
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+            _ => "-".into(),
+        };
+        let naive = s.naive.as_ref().map(|r| r.rows_per_sec);
+        let stmts = s
+            .main
+            .as_ref()
+            .map(|r| format!("{:.4}", r.statements_per_row()))
+            .unwrap_or("-".into());
+        let xacts = s
+            .main
+            .as_ref()
+            .and_then(|r| r.xacts_per_row())
+            .map(|x| format!("  xacts/row {x:.4}"))
+            .unwrap_or_default();
+        println!(
+            "{:<9} relay {} rows/s  naive {} rows/s  relay/naive {}  ceiling {} rows/s  relay/ceiling {}  statements/row {stmts}{xacts}",
+            s.db.name(),
+            fmt_rate(relay),
+            fmt_rate(naive),
+            ratio(relay, naive),
+            fmt_rate(s.ceiling),
+            ratio(relay, s.ceiling),
+        );
+        for v in &s.variations {
+            let xacts = v
+                .xacts_per_row()
+                .map(|x| format!("  xacts/row {x:.4}"))
+                .unwrap_or_default();
+            println!(
+                "{:<9}   {}: {:>6.0} rows/s  statements/row {:.4}{xacts}",
+                "",
+                relay_config(v),
+                v.rows_per_sec,
+                v.statements_per_row()
+            );
+        }
+        for r in s.main.iter().chain(&s.variations) {
+            if r.received != r.rows as u64 {
+                println!(
+                    "{:<9}   NOTE: receiver counted {} requests for {} rows ({})",
+                    "",
+                    r.received,
+                    r.rows,
+                    relay_config(r)
+                );
+            }
+        }
+        for e in &s.errors {
+            println!("{:<9}   ERROR {e}", s.db.name());
+            ok = false;
+        }
+    }
+    if !sections.is_empty() {
+        println!(
+            "* sink concurrency left at its default (32), which then caps max_in_flight; elsewhere it is set to max_in_flight."
+        );
+    }
+    if !claim_sections.is_empty() {
+        println!(
+            "== claim summary ({claim_secs:.0}s; rows/s until all SUCCESS; N inst = N claim-mode relays in this process, each with its own pool, sinks, instance id and receiver path; (x) = ratio to 1 inst in this run; shares = requests per instance a/b/c; ordering = rows with {ORDERING_KEYS} ordering keys round-robin vs unkeyed rows, same instance count)"
+        );
+        for s in &claim_sections {
+            ok &= print_claim_summary(s);
+        }
+        println!(
+            "note: the claim-mode instances share this machine's {cores} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give."
+        );
+    }
+    if sections
+        .iter()
+        .any(|s| s.db == Db::Postgres && s.main.is_some())
+    {
+        println!(
+            "note: xacts/row comes from pg_stat_database for the whole database; other sessions running at the same time add to it."
+        );
+    }
+    ok
+}

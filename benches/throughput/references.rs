@@ -1,0 +1,187 @@
+//! The two references every relay figure is compared with, measured in the same run: the
+//! naive loop (one due row selected, POSTed and marked SUCCESS at a time, as hand-written
+//! pollers do) and the receiver's ceiling (POSTs alone at the relay's concurrency).
+
+use super::*;
+
+/// The HTTP client the webhook sink builds, for the references.
+pub(crate) fn sink_like_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .timeout(SINK_TIMEOUT)
+        .connect_timeout(SINK_TIMEOUT.min(Duration::from_secs(5)))
+        .redirect(reqwest::redirect::Policy::none())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .user_agent(concat!("outbox-relay/", env!("CARGO_PKG_VERSION")))
+        .build()?)
+}
+
+/// One POST shaped like the webhook sink's (same headers, body as stored); true on 2xx.
+pub(crate) async fn post_like_sink(
+    client: &reqwest::Client,
+    url: &str,
+    id: i64,
+    payload: String,
+) -> bool {
+    if serde_json::from_str::<serde::de::IgnoredAny>(&payload).is_err() {
+        return false;
+    }
+    let timestamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|t| t.as_secs())
+        .unwrap_or(0);
+    let id = id.to_string();
+    let resp = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .header("idempotency-key", format!("\"{id}\""))
+        .body(payload)
+        .send()
+        .await;
+    matches!(resp, Ok(r) if r.status().is_success())
+}
+
+/// What the naive loop measured.
+#[derive(Debug, Clone)]
+pub(crate) struct NaiveRun {
+    pub(crate) rows: usize,
+    pub(crate) rows_per_sec: f64,
+    pub(crate) statements: u64,
+    pub(crate) xacts: Option<i64>,
+    pub(crate) cpu: Option<(f64, f64)>,
+}
+
+/// One loop: SELECT one due row, POST it, UPDATE it to SUCCESS; until `n` rows or the limit.
+pub(crate) async fn naive_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    n: usize,
+) -> anyhow::Result<NaiveRun> {
+    let table = unique_table("naive");
+    let result = naive_run_on(db, url, &table, receiver, n).await;
+    let dialect = match db {
+        Db::Postgres => Some(Dialect::Postgres),
+        _ => None,
+    };
+    drop_table(url, &table, dialect).await;
+    result
+}
+
+pub(crate) async fn naive_run_on(
+    db: Db,
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    n: usize,
+) -> anyhow::Result<NaiveRun> {
+    prepare_table(url, table, n, true, 0).await?;
+    let store = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
+    let d = store.dialect();
+    let select = d.finalize(&format!(
+        "SELECT id, {} FROM {table} WHERE status IN ('PENDING', 'RETRY')
+           AND next_attempt_at <= {now} ORDER BY id LIMIT 1",
+        d.payload_text("payload"),
+        now = d.now()
+    ));
+    let update = d.finalize(&format!(
+        "UPDATE {table} SET status = 'SUCCESS', attempts = attempts + 1, sent_at = {now},
+           updated_at = {now} WHERE id = ?",
+        now = d.now()
+    ));
+    let client = sink_like_client()?;
+    let pool = store.pool();
+    // Warm the connection so connecting is not timed (the relay's pool is warm too).
+    scalar(pool, "SELECT 1".to_string()).await?;
+
+    let xacts_before = settled_xacts(db, url).await;
+    let mut statements = 0u64;
+    let mut done = 0usize;
+    let cpu_before = CpuSnap::take();
+    let started = Instant::now();
+    while done < n && started.elapsed() < NAIVE_RUN_LIMIT {
+        statements += 1;
+        let Some(row) = sqlx::query(sqlx::AssertSqlSafe(select.clone()))
+            .fetch_optional(pool)
+            .await?
+        else {
+            break;
+        };
+        let id: i64 = row.try_get(0)?;
+        let body: String = row.try_get(1)?;
+        if !post_like_sink(&client, &receiver.url, id, body).await {
+            bail!("naive loop: POST of row {id} failed");
+        }
+        statements += 1;
+        sqlx::query(sqlx::AssertSqlSafe(update.clone()))
+            .bind(id)
+            .execute(pool)
+            .await?;
+        done += 1;
+    }
+    let elapsed = started.elapsed();
+    let cpu = cpu_before
+        .zip(CpuSnap::take())
+        .and_then(|(a, b)| a.since(b));
+    pool.close().await;
+    let xacts_after = settled_xacts(db, url).await;
+    if done == 0 {
+        bail!("naive loop delivered no row");
+    }
+    Ok(NaiveRun {
+        rows: done,
+        rows_per_sec: done as f64 / elapsed.as_secs_f64(),
+        statements,
+        xacts: match (xacts_before, xacts_after) {
+            (Some(a), Some(b)) => Some(b - a - 1),
+            _ => None,
+        },
+        cpu,
+    })
+}
+
+/// The receiver alone: `n` POSTs from `concurrency` loops, no database.
+pub(crate) async fn ceiling_run(
+    receiver: &Receiver,
+    n: usize,
+    concurrency: u32,
+) -> anyhow::Result<(f64, Option<(f64, f64)>)> {
+    let client = sink_like_client()?;
+    let next = Arc::new(AtomicU64::new(0));
+    let cpu_before = CpuSnap::take();
+    let started = Instant::now();
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (client, next, url) = (client.clone(), next.clone(), receiver.url.clone());
+        workers.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= n {
+                    return true;
+                }
+                if !post_like_sink(&client, &url, i as i64, payload(i)).await {
+                    return false;
+                }
+            }
+        });
+    }
+    let all = tokio::time::timeout(CEILING_RUN_LIMIT, async {
+        let mut ok = true;
+        while let Some(r) = workers.join_next().await {
+            ok &= r.unwrap_or(false);
+        }
+        ok
+    })
+    .await;
+    match all {
+        Ok(true) => Ok((
+            n as f64 / started.elapsed().as_secs_f64(),
+            cpu_before
+                .zip(CpuSnap::take())
+                .and_then(|(a, b)| a.since(b)),
+        )),
+        Ok(false) => bail!("ceiling: a POST failed"),
+        Err(_) => bail!("ceiling: {n} POSTs did not finish within {CEILING_RUN_LIMIT:?}"),
+    }
+}

@@ -1,0 +1,163 @@
+//! A receiver for throughput runs: answers 204 at once and only counts, so that it costs the
+//! relay as little as a receiver can. `/hook` serves single relays and the references; the
+//! claim section gives each instance its own path (`/hook/a`, `/hook/b`, `/hook/c`), counted
+//! apart, and notes `webhook-id`s seen twice. (The recording [`super::receiver::Receiver`]
+//! is for tests that inspect requests.)
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::http::StatusCode;
+use tokio_util::sync::CancellationToken;
+
+/// The per-instance paths, in order.
+pub const INSTANCE_PATHS: [&str; 3] = ["a", "b", "c"];
+
+/// The loopback receiver: answers 204 at once and counts requests. `/hook` serves the leader
+/// section and the references; the claim section gives each instance its own path
+/// (`/hook/a`, `/hook/b`, `/hook/c`), counted apart, and notes `webhook-id`s seen twice there.
+pub struct Receiver {
+    pub url: String,
+    count: Arc<AtomicU64>,
+    /// Requests per instance path, in [`INSTANCE_PATHS`] order.
+    per_instance: Arc<Vec<AtomicU64>>,
+    /// `webhook-id`s seen on the instance paths since the last [`Receiver::reset_seen`], and
+    /// how many arrived again.
+    seen: Arc<Mutex<HashSet<String>>>,
+    repeats: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Receiver {
+    pub async fn start() -> anyhow::Result<Receiver> {
+        let count = Arc::new(AtomicU64::new(0));
+        let counter = count.clone();
+        let mut app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |_body: axum::body::Bytes| {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    StatusCode::NO_CONTENT
+                }
+            }),
+        );
+        let per_instance: Arc<Vec<AtomicU64>> =
+            Arc::new(INSTANCE_PATHS.iter().map(|_| AtomicU64::new(0)).collect());
+        let seen = Arc::new(Mutex::new(HashSet::new()));
+        let repeats = Arc::new(AtomicU64::new(0));
+        for (i, path) in INSTANCE_PATHS.iter().enumerate() {
+            let (counter, per_instance) = (count.clone(), per_instance.clone());
+            let (seen, repeats) = (seen.clone(), repeats.clone());
+            app = app.route(
+                &format!("/hook/{path}"),
+                axum::routing::post(
+                    move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+                        let (counter, per_instance) = (counter.clone(), per_instance.clone());
+                        let (seen, repeats) = (seen.clone(), repeats.clone());
+                        async move {
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            per_instance[i].fetch_add(1, Ordering::Relaxed);
+                            let id = headers
+                                .get("webhook-id")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_string();
+                            let fresh = seen.lock().map(|mut s| s.insert(id)).unwrap_or(true);
+                            if !fresh {
+                                repeats.fetch_add(1, Ordering::Relaxed);
+                            }
+                            StatusCode::NO_CONTENT
+                        }
+                    },
+                ),
+            );
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await })
+                .await;
+            if let Err(e) = served {
+                eprintln!("receiver stopped: {e}");
+            }
+        });
+        Ok(Receiver {
+            url: format!("http://{addr}/hook"),
+            count,
+            per_instance,
+            seen,
+            repeats,
+            stop,
+        })
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// The sink URL of claim-section instance `i`.
+    pub fn instance_url(&self, i: usize) -> String {
+        format!("{}/{}", self.url, INSTANCE_PATHS[i])
+    }
+
+    pub fn instance_counts(&self) -> Vec<u64> {
+        self.per_instance
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Forgets the ids seen (each run's table numbers its rows from 1) and returns the repeat
+    /// counter's value, to subtract.
+    pub fn reset_seen(&self) -> u64 {
+        if let Ok(mut s) = self.seen.lock() {
+            s.clear();
+        }
+        self.repeats.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[tokio::test]
+async fn counts_per_instance_and_notes_repeats() {
+    let rx = Receiver::start().await.expect("receiver");
+    outbox_relay::install_crypto_provider();
+    let client = reqwest::Client::new();
+    let post = |url: String, id: &'static str| {
+        let client = client.clone();
+        async move {
+            let r = client
+                .post(url)
+                .header("webhook-id", id)
+                .body("{}")
+                .send()
+                .await
+                .expect("post");
+            assert_eq!(r.status().as_u16(), 204);
+        }
+    };
+    post(rx.url.clone(), "1").await;
+    post(rx.instance_url(0), "1").await;
+    post(rx.instance_url(2), "2").await;
+    post(rx.instance_url(2), "1").await;
+    assert_eq!(rx.count(), 4);
+    assert_eq!(rx.instance_counts(), vec![1, 0, 2]);
+    assert_eq!(
+        rx.reset_seen(),
+        1,
+        "id 1 arrived twice on the instance paths"
+    );
+    post(rx.instance_url(1), "1").await;
+    assert_eq!(rx.reset_seen(), 1, "forgotten ids are fresh again");
+    assert_eq!(INSTANCE_PATHS.len(), 3);
+}
