@@ -118,8 +118,6 @@ pub(crate) async fn claim_run_on(
     }
     prepare_table(url, table, n, true, keys).await?;
     let dir = tempfile::tempdir()?;
-    let config_file = dir.path().join("bench.toml");
-    std::fs::write(&config_file, "")?;
 
     let shutdown = CancellationToken::new();
     // Whatever way this function returns, the instances and their LISTEN sessions stop.
@@ -128,67 +126,17 @@ pub(crate) async fn claim_run_on(
     let mut stores = Vec::with_capacity(instances);
     let mut healths = Vec::with_capacity(instances);
     for (i, path) in INSTANCE_PATHS.iter().enumerate().take(instances) {
-        let env: BTreeMap<String, String> = [
-            ("OUTBOX_RELAY__DATABASE__URL", url.to_string()),
-            ("OUTBOX_RELAY__DATABASE__TABLE", table.to_string()),
-            ("OUTBOX_RELAY__HTTP__LISTEN", String::new()),
-            ("OUTBOX_RELAY__RELAY__INSTANCE_ID", format!("bench-{path}")),
-            ("OUTBOX_RELAY__RELAY__MODE", "claim".to_string()),
-            ("OUTBOX_RELAY__RELAY__BATCH_SIZE", CLAIM_BATCH.to_string()),
-            (
-                "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
-                CLAIM_IN_FLIGHT.to_string(),
-            ),
-            ("OUTBOX_RELAY__LEASE__BACKEND", "none".to_string()),
-            ("OUTBOX_RELAY__SINKS__HOOK__KIND", "webhook".to_string()),
-            ("OUTBOX_RELAY__SINKS__HOOK__URL", receiver.instance_url(i)),
-            ("OUTBOX_RELAY__SINKS__HOOK__TIMEOUT", "10s".to_string()),
-            (
-                "OUTBOX_RELAY__SINKS__HOOK__CONCURRENCY",
-                CLAIM_IN_FLIGHT.to_string(),
-            ),
-        ]
-        .into_iter()
-        .chain(poll_interval.map(|p| {
-            (
-                "OUTBOX_RELAY__RELAY__POLL_INTERVAL",
-                format!("{}ms", p.as_millis()),
-            )
-        }))
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        let settings = Settings::load_with_env(Some(&config_file), Some(env))
-            .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
-        let sinks = Arc::new(SinkRegistry::build(&settings)?);
-        let store = Arc::new(
-            SqlStore::connect(
-                url,
-                table,
-                settings.database.max_connections,
-                settings.database.connect_timeout,
-            )
-            .await?,
-        );
-        let wake = Arc::new(Notify::new());
-        if db == Db::Postgres && settings.database.listen {
-            tokio::spawn(store::listen(
-                url.to_string(),
-                table.to_string(),
-                wake.clone(),
-                shutdown.clone(),
-            ));
-        }
-        let health = Arc::new(Health::default());
-        health.set_database(true);
-        relays.push(Relay {
-            store: store.clone() as Arc<SqlStore>,
-            sinks,
-            settings: settings.relay.clone(),
-            lease: None,
-            wake,
-            health: health.clone(),
-            shutdown: shutdown.clone(),
-        });
+        let config = Config::webhook(&receiver.instance_url(i))
+            .claim_mode()
+            .no_lease()
+            .batch_size(CLAIM_BATCH)
+            .max_in_flight(CLAIM_IN_FLIGHT)
+            .poll_interval(poll_interval.unwrap_or(Duration::from_millis(500)))
+            .hook(|s| s.timeout(SINK_TIMEOUT).concurrency(CLAIM_IN_FLIGHT));
+        let instance = format!("bench-{path}");
+        let (relay, store, health) =
+            assemble(db, url, table, &instance, &config, dir.path(), &shutdown).await?;
+        relays.push(relay);
         healths.push(health);
         stores.push(store);
     }

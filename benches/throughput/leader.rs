@@ -99,43 +99,19 @@ pub(crate) async fn relay_run_on(
         None => url.to_string(),
     };
 
-    // An empty config file, so a config/relay.toml in the working directory cannot interfere.
     let dir = tempfile::tempdir()?;
-    let config_file = dir.path().join("bench.toml");
-    std::fs::write(&config_file, "")?;
-    let env: BTreeMap<String, String> = [
-        ("OUTBOX_RELAY__DATABASE__URL", url.to_string()),
-        ("OUTBOX_RELAY__DATABASE__TABLE", table.to_string()),
-        ("OUTBOX_RELAY__HTTP__LISTEN", String::new()),
-        ("OUTBOX_RELAY__RELAY__INSTANCE_ID", "bench".to_string()),
-        ("OUTBOX_RELAY__RELAY__MODE", "leader".to_string()),
-        ("OUTBOX_RELAY__RELAY__BATCH_SIZE", batch_size.to_string()),
-        (
-            "OUTBOX_RELAY__RELAY__MAX_IN_FLIGHT",
-            max_in_flight.to_string(),
-        ),
-        ("OUTBOX_RELAY__LEASE__BACKEND", "none".to_string()),
-        ("OUTBOX_RELAY__SINKS__HOOK__KIND", "webhook".to_string()),
-        ("OUTBOX_RELAY__SINKS__HOOK__URL", receiver.url.clone()),
-        ("OUTBOX_RELAY__SINKS__HOOK__TIMEOUT", "10s".to_string()),
-    ]
-    .into_iter()
+    let mut cfg = Config::webhook(&receiver.url)
+        .no_lease()
+        .batch_size(batch_size)
+        .max_in_flight(max_in_flight)
+        .poll_interval(Duration::from_millis(500))
+        .hook(|s| s.timeout(SINK_TIMEOUT));
     // Unset, the sink's own cap is its default (32), whatever max_in_flight says.
-    .chain(sink_concurrency.map(|c| ("OUTBOX_RELAY__SINKS__HOOK__CONCURRENCY", c.to_string())))
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    let settings = Settings::load_with_env(Some(&config_file), Some(env))
-        .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
-    let sinks = Arc::new(SinkRegistry::build(&settings)?);
-    let store = Arc::new(
-        SqlStore::connect(
-            url,
-            table,
-            settings.database.max_connections,
-            settings.database.connect_timeout,
-        )
-        .await?,
-    );
+    if let Some(c) = sink_concurrency {
+        cfg = cfg.hook(|s| s.concurrency(c));
+    }
+    let shutdown = CancellationToken::new();
+    let (relay, store, _) = assemble(db, url, table, "bench", &cfg, dir.path(), &shutdown).await?;
     if let Some((_, options)) = pg_options {
         // Check that the server took them (each `-c name=value`).
         for setting in options.split("-c").map(str::trim).filter(|s| !s.is_empty()) {
@@ -153,26 +129,6 @@ pub(crate) async fn relay_run_on(
     let mut probe_queries = 0i64;
 
     let xacts_before = settled_xacts(db, bench_url).await;
-    let shutdown = CancellationToken::new();
-    let wake = Arc::new(Notify::new());
-    if db == Db::Postgres && settings.database.listen {
-        // As `run` wires it (pre-inserted rows need no NOTIFY, but the session is realistic).
-        tokio::spawn(store::listen(
-            url.to_string(),
-            table.to_string(),
-            wake.clone(),
-            shutdown.clone(),
-        ));
-    }
-    let relay = Relay {
-        store: store.clone() as Arc<SqlStore>,
-        sinks,
-        settings: settings.relay.clone(),
-        lease: None,
-        wake,
-        health: Arc::new(Health::default()),
-        shutdown: shutdown.clone(),
-    };
     let received_before = receiver.count();
     let statements_before = store.statements();
     let cpu_before = CpuSnap::take();

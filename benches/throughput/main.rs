@@ -77,6 +77,65 @@ use db::*;
 use leader::*;
 use references::*;
 use support::Db;
+use support::config::Config;
+
+/// A relay assembled in this process as `outbox-relay run` assembles it, without a lease
+/// and without HTTP endpoints: `config` is written to `dir` and loaded as the binary loads
+/// its file. Returns the relay (not yet running), its store and its health.
+async fn assemble(
+    db: Db,
+    url: &str,
+    table: &str,
+    instance: &str,
+    config: &Config,
+    dir: &std::path::Path,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(Relay, Arc<SqlStore>, Arc<Health>)> {
+    let file = config.write(dir, &format!("{instance}.toml"));
+    let env: BTreeMap<String, String> = [
+        ("OUTBOX_RELAY__DATABASE__URL", url),
+        ("OUTBOX_RELAY__DATABASE__TABLE", table),
+        ("OUTBOX_RELAY__HTTP__LISTEN", ""),
+        ("OUTBOX_RELAY__RELAY__INSTANCE_ID", instance),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let settings = Settings::load_with_env(Some(&file), Some(env))
+        .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
+    let sinks = Arc::new(SinkRegistry::build(&settings)?);
+    let store = Arc::new(
+        SqlStore::connect(
+            url,
+            table,
+            settings.database.max_connections,
+            settings.database.connect_timeout,
+        )
+        .await?,
+    );
+    let wake = Arc::new(Notify::new());
+    if db == Db::Postgres && settings.database.listen {
+        // As `run` wires it (pre-inserted rows need no NOTIFY, but the session is realistic).
+        tokio::spawn(store::listen(
+            url.to_string(),
+            table.to_string(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+    }
+    let health = Arc::new(Health::default());
+    health.set_database(true);
+    let relay = Relay {
+        store: store.clone(),
+        sinks,
+        settings: settings.relay.clone(),
+        lease: None,
+        wake,
+        health: health.clone(),
+        shutdown: shutdown.clone(),
+    };
+    Ok((relay, store, health))
+}
 
 /// A unique table name for one run.
 fn unique_table(tag: &str) -> String {

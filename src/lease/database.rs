@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Grant, Held, Lease};
+use super::{Grant, Held, Lease, holder_token};
 use crate::BoxFuture;
 use crate::store::LeaseTable;
 
@@ -53,7 +53,7 @@ impl Lease for DatabaseLease {
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
         Box::pin(async move {
-            let token = format!("{}#{}", self.instance_id, crate::random_token());
+            let token = holder_token(&self.instance_id);
             let sent_at = Instant::now();
             match self
                 .store

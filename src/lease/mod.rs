@@ -137,6 +137,12 @@ impl<T: Clone> Held<T> {
     }
 }
 
+/// A fresh holder token for one acquisition: `<instance_id>#<random>`, so that logs and the
+/// fencing row say which instance holds the lease, and no two acquisitions share a token.
+pub(crate) fn holder_token(instance_id: &str) -> String {
+    format!("{instance_id}#{}", crate::random_token())
+}
+
 /// The drift allowance subtracted from every grant: `ttl * 1% + 2ms` (as Redlock does).
 pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)

@@ -24,7 +24,7 @@ use fred::types::scripts::Script;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use super::{Grant, Held, Lease};
+use super::{Grant, Held, Lease, holder_token};
 use crate::BoxFuture;
 
 /// Extends the key only if it still holds our token. Returns 1 or 0.
@@ -276,7 +276,7 @@ impl Lease for RedisLease {
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
         Box::pin(async move {
-            let token = format!("{}#{}", self.instance_id, crate::random_token());
+            let token = holder_token(&self.instance_id);
             let sent_at = Instant::now();
             if self.node.set_nx(&token, self.ttl).await? {
                 self.held.set(Some(token));

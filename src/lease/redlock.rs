@@ -53,7 +53,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::redis::RedisNode;
-use super::{Grant, Held, Lease, drift};
+use super::{Grant, Held, Lease, drift, holder_token};
 use crate::BoxFuture;
 
 /// A lease held on a majority of independent Redis servers.
@@ -301,7 +301,7 @@ impl Lease for RedlockLease {
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
         Box::pin(async move {
-            let token = format!("{}#{}", self.instance_id, crate::random_token());
+            let token = holder_token(&self.instance_id);
             let (tx, rx) = oneshot::channel();
             let nodes = self.nodes.clone();
             let knobs = (self.ttl, self.quorum, self.limit());

@@ -131,6 +131,12 @@ impl Config {
         self
     }
 
+    /// `lease.backend = "none"`.
+    pub fn no_lease(mut self) -> Config {
+        set(&mut self.lease, "backend", quoted("none"));
+        self
+    }
+
     /// `lease.name` (by default a test's relays use its table's name).
     pub fn lease_name(mut self, name: &str) -> Config {
         set(&mut self.lease, "name", quoted(name));
@@ -268,6 +274,8 @@ impl Sink {
 
 #[test]
 fn the_builder_writes_a_configuration_the_relay_accepts() {
+    let none = Config::webhook("http://127.0.0.1:1/hook").no_lease().toml();
+    assert!(none.contains("backend = \"none\""), "{none}");
     let cfg = Config::webhook("http://127.0.0.1:1/hook")
         .claim_mode()
         .in_flight(8)

@@ -349,6 +349,65 @@ pub async fn assert_fenced_holder(
     (token, epoch)
 }
 
+/// Kills the lease holder `holder` among `relays` (SIGKILL) and checks the hand-over: another
+/// relay delivers within `ttl + ttl/3 + 400 ms` of the kill (one lease lifetime plus one
+/// renewal interval, with slack for a loaded machine), and the killed relay delivers nothing
+/// after it (requests already on the wire get 50 ms). Prints the failover time; returns the
+/// instant of the kill and the successor's name.
+pub async fn kill_holder_and_check_failover(
+    relays: &mut [process::RelayProc],
+    rx: &receiver::Receiver,
+    holder: &str,
+    ttl: Duration,
+    t0: Instant,
+) -> (Instant, String) {
+    use receiver::{sender, timeline};
+    let hi = relays
+        .iter()
+        .position(|r| r.name == holder)
+        .unwrap_or_else(|| panic!("no relay named {holder:?}"));
+    let t_kill = Instant::now();
+    relays[hi].kill9();
+    let moved = rx
+        .wait_until(
+            |reqs| reqs.iter().any(|r| r.at > t_kill && sender(r) != holder),
+            Duration::from_secs(6),
+        )
+        .await;
+    let reqs = rx.requests();
+    assert!(
+        moved,
+        "no other relay delivered within 6s of the holder's kill -9\n{}",
+        timeline(&reqs, t0)
+    );
+    let first = reqs
+        .iter()
+        .find(|r| r.at > t_kill && sender(r) != holder)
+        .expect("first delivery after the kill");
+    let failover = first.at - t_kill;
+    let bound = ttl + ttl / 3 + Duration::from_millis(400);
+    println!(
+        "MEASURED crash failover (kill -9 of the holder to the first delivery by {}): {:.1} ms \
+         (ttl {ttl:?}, renewal every {:?}, bound {bound:?})",
+        sender(first),
+        failover.as_secs_f64() * 1000.0,
+        ttl / 3,
+    );
+    assert!(
+        failover <= bound,
+        "failover took {failover:?}, more than ttl + ttl/3 + 400ms = {bound:?}"
+    );
+    let late: Vec<_> = reqs
+        .iter()
+        .filter(|r| sender(r) == holder && r.at > t_kill + Duration::from_millis(50))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the killed relay still delivered: {late:?}"
+    );
+    (t_kill, sender(first).to_string())
+}
+
 /// The relay binary built by cargo for integration tests.
 pub fn relay_bin() -> &'static str {
     env!("CARGO_BIN_EXE_outbox-relay")
