@@ -19,6 +19,7 @@ mod config;
 mod delivery;
 mod fcm;
 mod http;
+mod layering;
 mod lease;
 mod memory;
 mod redis_lease;
