@@ -35,54 +35,110 @@ impl SqlStore {
         )
     }
 
-    /// The columns a claim returns, in the order [`to_claimed`] reads them ([`COLUMNS`]).
-    /// The payload is returned only when it is within the request's size limit (NULL
-    /// otherwise), with its length beside it, so an oversized payload is never loaded.
+    /// The select list of a claim: one expression per [`Col`], in [`Col::ALL`] order, which
+    /// is the order [`to_claimed`] reads them in. The payload is returned only when it is
+    /// within the request's size limit (NULL otherwise), with its length beside it, so an
+    /// oversized payload is never loaded.
     pub(super) fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
         let d = self.dialect;
         let c = |name: &str| format!("{alias}{name}");
-        let len = d.byte_length(&c("payload"));
-        let text = d.claim_text(&d.payload_text(&c("payload")));
-        let payload = match req.max_payload_bytes {
-            // An integer from the configuration, not user text: safe to write into the SQL.
-            Some(max) => format!("CASE WHEN {len} <= {max} THEN {text} END"),
-            None => text,
-        };
-        let attempts = match d {
+        let expr = |col: Col| match col {
+            Col::Id => c("id"),
+            Col::Channel | Col::Recipient | Col::OrderingKey => d.claim_text(&c(col.name())),
+            Col::Payload => {
+                let text = d.claim_text(&d.payload_text(&c("payload")));
+                match req.max_payload_bytes {
+                    // An integer from the configuration, not user text: safe in the SQL.
+                    Some(max) => format!(
+                        "CASE WHEN {} <= {max} THEN {text} END",
+                        d.byte_length(&c("payload"))
+                    ),
+                    None => text,
+                }
+            }
             // Whatever an application stored there, only an integer is read as one.
-            Dialect::Sqlite => format!(
+            Col::Attempts if d == Dialect::Sqlite => format!(
                 "CASE WHEN typeof({a}) = 'integer' THEN {a} END",
                 a = c("attempts")
             ),
-            _ => c("attempts"),
+            Col::Attempts => c("attempts"),
+            Col::Age => d.age_ms(&c("created_at")),
+            Col::PayloadLen => d.byte_length(&c("payload")),
+            Col::Classes => {
+                let typed: Vec<String> = CLASS_CHECKS.iter().map(|(n, _)| c(n)).collect();
+                d.storage_classes(&typed[..5], &[c("next_attempt_at")])
+            }
         };
-        let classes: Vec<String> = COLUMNS[1..4]
+        Col::ALL
             .iter()
-            .chain([&"ordering_key", &"attempts"])
-            .map(|n| c(n))
-            .collect();
-        format!(
-            "{alias}id, {}, {}, {payload}, {attempts}, {}, {}, {len}, {}",
-            d.claim_text(&c("channel")),
-            d.claim_text(&c("recipient")),
-            d.age_ms(&c("created_at")),
-            d.claim_text(&c("ordering_key")),
-            d.storage_classes(&classes, &[c("next_attempt_at")]),
-        )
+            .map(|col| expr(*col))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
-/// What the claim returns, by position (see [`SqlStore::returning_columns`]); the last two
-/// are the payload's length and, on SQLite, the storage classes of channel, recipient,
-/// payload, ordering_key and attempts, and whether next_attempt_at holds a time.
-const COLUMNS: [&str; 7] = [
-    "id",
-    "channel",
-    "recipient",
-    "payload",
-    "attempts",
-    "age",
-    "ordering_key",
+/// What a claim returns, in select-list order: [`SqlStore::returning_columns`] writes one
+/// expression per variant and [`to_claimed`] reads each by [`Col::at`], so the two cannot
+/// disagree about positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Col {
+    Id,
+    Channel,
+    Recipient,
+    Payload,
+    Attempts,
+    /// `now - created_at` in milliseconds, on the database clock.
+    Age,
+    OrderingKey,
+    /// The payload's length in bytes (the payload itself may be withheld).
+    PayloadLen,
+    /// SQLite: the storage class of each column in [`CLASS_CHECKS`] (NULL elsewhere).
+    Classes,
+}
+
+impl Col {
+    const ALL: [Col; 9] = [
+        Col::Id,
+        Col::Channel,
+        Col::Recipient,
+        Col::Payload,
+        Col::Attempts,
+        Col::Age,
+        Col::OrderingKey,
+        Col::PayloadLen,
+        Col::Classes,
+    ];
+
+    /// Its position in the select list.
+    fn at(self) -> usize {
+        self as usize
+    }
+
+    /// The table column it reads, for expressions and messages.
+    fn name(self) -> &'static str {
+        match self {
+            Col::Id => "id",
+            Col::Channel => "channel",
+            Col::Recipient => "recipient",
+            Col::Payload => "payload",
+            Col::Attempts => "attempts",
+            Col::Age => "created_at",
+            Col::OrderingKey => "ordering_key",
+            Col::PayloadLen => "payload",
+            Col::Classes => "storage classes",
+        }
+    }
+}
+
+/// SQLite: the columns whose storage class is checked, and the class each must hold, in the
+/// order `Col::Classes` lists them.
+const CLASS_CHECKS: [(&str, &str); 6] = [
+    ("channel", "text"),
+    ("recipient", "text"),
+    ("payload", "text"),
+    ("ordering_key", "text"),
+    ("attempts", "integer"),
+    ("next_attempt_at", "time"),
 ];
 
 /// Decodes one claimed row, column by column: a column that cannot be read makes the row
@@ -90,21 +146,13 @@ const COLUMNS: [&str; 7] = [
 /// Only an unreadable id fails: without it the row cannot be addressed at all.
 pub(super) fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
     let id: i64 = row
-        .try_get(0)
+        .try_get(Col::Id.at())
         .map_err(|e| anyhow::anyhow!("a claimed row's id could not be read: {e}"))?;
     let mut defects: Vec<String> = Vec::new();
     // SQLite: a value stored with another storage class than the column's (BLOB, integer,
     // real where text is expected) is refused by name, not coerced into something else.
-    if let Ok(Some(classes)) = row.try_get::<Option<String>, _>(8) {
-        let expected = [
-            ("channel", "text"),
-            ("recipient", "text"),
-            ("payload", "text"),
-            ("ordering_key", "text"),
-            ("attempts", "integer"),
-            ("next_attempt_at", "time"),
-        ];
-        for ((name, want), got) in expected.iter().zip(classes.split(',')) {
+    if let Ok(Some(classes)) = row.try_get::<Option<String>, _>(Col::Classes.at()) {
+        for ((name, want), got) in CLASS_CHECKS.iter().zip(classes.split(',')) {
             if got != *want && got != "null" {
                 defects.push(format!(
                     "column {name} holds a value of type {got}; {want} expected"
@@ -112,23 +160,23 @@ pub(super) fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<Cla
             }
         }
     }
-    let mut text = |i: usize| -> Option<String> {
-        match text_value(row, i) {
+    let mut text = |col: Col| -> Option<String> {
+        match text_value(row, col.at()) {
             Ok(v) => v,
             Err(e) => {
-                defects.push(format!("column {} could not be read: {e}", COLUMNS[i]));
+                defects.push(format!("column {} could not be read: {e}", col.name()));
                 None
             }
         }
     };
-    let channel = text(1);
-    let recipient = text(2);
-    let payload = text(3);
-    let ordering_key = text(6);
+    let channel = text(Col::Channel);
+    let recipient = text(Col::Recipient);
+    let payload = text(Col::Payload);
+    let ordering_key = text(Col::OrderingKey);
     if channel.is_none() && defects.is_empty() {
         defects.push("column channel is NULL".into());
     }
-    let attempts = match row.try_get::<Option<i64>, _>(4) {
+    let attempts = match row.try_get::<Option<i64>, _>(Col::Attempts.at()) {
         Ok(a) => a.unwrap_or(0),
         Err(e) => {
             defects.push(format!(
@@ -138,8 +186,15 @@ pub(super) fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<Cla
             0
         }
     };
-    let age_ms = row.try_get::<Option<i64>, _>(5).ok().flatten().unwrap_or(0);
-    let payload_len = row.try_get::<Option<i64>, _>(7).ok().flatten();
+    let age_ms = row
+        .try_get::<Option<i64>, _>(Col::Age.at())
+        .ok()
+        .flatten()
+        .unwrap_or(0);
+    let payload_len = row
+        .try_get::<Option<i64>, _>(Col::PayloadLen.at())
+        .ok()
+        .flatten();
     let mut too_large = None;
     let payload = match payload {
         Some(p) => p,
