@@ -528,7 +528,9 @@ async fn minority_acquire_leaves_no_key_and_operations_need_a_quorum() {
         "ping with 1 of 3 nodes must fail"
     );
 
-    // (c) Back up (empty): acquired on all three with one token; renewed.
+    // (c) Back up (empty): acquired with one token, on every node that answered in time (a
+    //     grant needs a majority; on a loaded machine one node's SET can miss its timeout, and
+    //     that node then holds nothing, never another value); renewed.
     for n in &mut nodes[..2] {
         n.restart().await;
     }
@@ -536,7 +538,17 @@ async fn minority_acquire_leaves_no_key_and_operations_need_a_quorum() {
     assert!(acquire(&lease).await, "all nodes free: acquired");
     let token = lease.holder();
     assert!(token.starts_with("lib#"), "holder token {token:?}");
-    assert_eq!(keys(&mut nodes, &name).await, vec![Some(token.clone()); 3]);
+    let held = keys(&mut nodes, &name).await;
+    assert!(
+        held.iter()
+            .filter(|k| k.as_deref() == Some(token.as_str()))
+            .count()
+            >= 2
+            && held
+                .iter()
+                .all(|k| k.is_none() || k.as_deref() == Some(token.as_str())),
+        "the token must be on a majority and nothing else anywhere: {held:?}"
+    );
     assert!(
         lease.renew().await.expect("renew"),
         "renewal with all nodes"
