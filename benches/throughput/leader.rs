@@ -395,7 +395,25 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             main_rows,
         )
     });
-    for (config, rows) in variations.into_iter().chain(diagnostics) {
+    // OUTBOX_RELAY_BENCH_VARIATIONS=batch/in_flight/concurrency[/noanalyze],... replaces the
+    // variations with the given ones (for exploring settings).
+    let runs: Vec<(RunConfig, usize)> = match std::env::var("OUTBOX_RELAY_BENCH_VARIATIONS") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|v| {
+                let parts: Vec<&str> = v.trim().split('/').collect();
+                let num = |i: usize| parts.get(i).and_then(|p| p.parse::<u32>().ok());
+                let config = RunConfig {
+                    sink_concurrency: num(2),
+                    analyze: parts.get(3) != Some(&"noanalyze"),
+                    ..RunConfig::new(num(0)?, num(1)?)
+                };
+                Some((config, main_rows))
+            })
+            .collect(),
+        Err(_) => variations.into_iter().chain(diagnostics).collect(),
+    };
+    for (config, rows) in runs {
         let (b, f) = (config.batch_size, config.max_in_flight);
         match relay_run(db, &url, receiver, rows, config).await {
             Ok(r) => {

