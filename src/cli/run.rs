@@ -61,6 +61,13 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
             wake.clone(),
             shutdown.clone(),
         ));
+    } else {
+        // No NOTIFY: notice new rows by the table's newest id (a cheap probe, 20 per second).
+        tokio::spawn(store::watch_new_rows(
+            store.clone(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
     }
 
     let l = &settings.lease;

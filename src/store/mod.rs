@@ -30,6 +30,7 @@ mod postgres;
 mod results;
 mod sql;
 mod sqlite;
+mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +39,7 @@ pub use dialect::Dialect;
 pub use fault::{Incomplete, is_transient};
 pub use postgres::listen;
 pub use sql::SqlStore;
+pub use watch::{NEW_ROWS_CHECK, watch_new_rows};
 
 use crate::BoxFuture;
 use crate::sink::Delivery;
