@@ -106,7 +106,7 @@ pub(crate) async fn relay_run_on(
         .max_in_flight(max_in_flight)
         .poll_interval(Duration::from_millis(500))
         .hook(|s| s.timeout(SINK_TIMEOUT));
-    // Unset, the sink's own cap is its default (32), whatever max_in_flight says.
+    // Unset, the sink's own cap is its default (64), whatever max_in_flight says.
     if let Some(c) = sink_concurrency {
         cfg = cfg.hook(|s| s.concurrency(c));
     }
@@ -225,7 +225,7 @@ pub(crate) fn relay_config(r: &RelayRun) -> String {
     let c = r.config;
     let sink = match c.sink_concurrency {
         Some(n) => format!("sink conc {n:>4}"),
-        None => "sink conc  32*".to_string(),
+        None => format!("sink conc {DEFAULT_SINK_CONCURRENCY:>3}*"),
     };
     let stats = if c.analyze { "" } else { " no-ANALYZE" };
     let options = c
@@ -287,16 +287,20 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             return s;
         }
     }
-    let (batch, in_flight) = (100u32, 64u32);
+    // The main run uses the relay's defaults; the ceiling is measured with as many POSTs at
+    // once as the default sink sends at once.
+    let defaults = outbox_relay::config::RelaySettings::default();
+    let (batch, in_flight) = (defaults.batch_size, defaults.max_in_flight);
+    let sends = DEFAULT_SINK_CONCURRENCY;
     println!(
-        "== {}: main relay run of {main_rows} rows (batch {batch}, max_in_flight {in_flight})",
+        "== {}: main relay run of {main_rows} rows (defaults: batch {batch}, max_in_flight {in_flight}, sink concurrency {sends})",
         db.name()
     );
 
-    match ceiling_run(receiver, main_rows, in_flight).await {
+    match ceiling_run(receiver, main_rows, sends).await {
         Ok((r, cpu)) => {
             println!(
-                "  {:<8} ceiling   concurrency {in_flight} POSTs {main_rows}: {r:.0} req/s{}",
+                "  {:<8} ceiling   concurrency {sends} POSTs {main_rows}: {r:.0} req/s{}",
                 db.name(),
                 fmt_cpu(cpu)
             );
@@ -310,7 +314,10 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         &url,
         receiver,
         main_rows,
-        RunConfig::new(batch, in_flight),
+        RunConfig {
+            sink_concurrency: None,
+            ..RunConfig::new(batch, in_flight)
+        },
     )
     .await
     {
@@ -353,13 +360,8 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         (RunConfig::new(100, 1), (var_rows / 10).max(300)),
         (RunConfig::new(100, 16), var_rows),
         (RunConfig::new(10, 64), var_rows),
-        (
-            RunConfig {
-                sink_concurrency: None,
-                ..RunConfig::new(batch, in_flight)
-            },
-            var_rows,
-        ),
+        // The defaults before issue 11 (64 in flight, all of them sends).
+        (RunConfig::new(100, 64), var_rows),
         (RunConfig::new(500, 256), var_rows),
         // The main run on a table whose statistics predate the rows (no ANALYZE yet).
         (

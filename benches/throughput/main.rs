@@ -34,11 +34,19 @@
 //! each other and the database server, so the ratios show how the SQL claim path scales under
 //! contention, not what more machines would give.
 //!
+//! The **latency** section inserts rows one per transaction at 100 and 1,000 rows/s into an
+//! empty table served by one relay with the defaults, and times each from its commit to its
+//! arrival at the receiver (NOTIFY wakes the relay on PostgreSQL; elsewhere the newest-id
+//! check does). The run ends with one markdown table of every figure.
+//!
 //! Run: `cargo bench --bench throughput`. Environment knobs:
 //! - `OUTBOX_RELAY_BENCH_ROWS` rows for the main relay run (default 20000 on PostgreSQL,
 //!   half that on the others; variations and the naive loop use fewer, stated in the output);
 //! - `OUTBOX_RELAY_BENCH_DBS` comma-separated subset of `postgres,mysql,sqlite`;
-//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim` (default both);
+//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim,latency` (default
+//!   all);
+//! - `OUTBOX_RELAY_BENCH_VARIATIONS` `batch/in_flight/concurrency[/noanalyze],...` replaces the
+//!   leader section's variations (for exploring settings);
 //! - `OUTBOX_RELAY_BENCH_CLAIM_ROWS` rows per claim-section run (default 10000);
 //! - `OUTBOX_RELAY_TEST_POSTGRES_URL`, `OUTBOX_RELAY_TEST_MYSQL_URL` as for the tests.
 //!
@@ -49,14 +57,16 @@
 mod claim;
 mod cpu;
 mod db;
+mod latency;
 mod leader;
 mod references;
+mod report;
 /// The integration tests' toolkit (databases, receivers); the bench uses part of it.
 #[allow(dead_code, unused_macros)]
 #[path = "../../tests/it/support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -74,6 +84,7 @@ use tokio_util::sync::CancellationToken;
 use claim::*;
 use cpu::*;
 use db::*;
+use latency::*;
 use leader::*;
 use references::*;
 use support::Db;
@@ -114,11 +125,17 @@ async fn assemble(
         .await?,
     );
     let wake = Arc::new(Notify::new());
+    // As `run` wires it: NOTIFY on PostgreSQL, the newest-id check elsewhere.
     if db == Db::Postgres && settings.database.listen {
-        // As `run` wires it (pre-inserted rows need no NOTIFY, but the session is realistic).
         tokio::spawn(store::listen(
             url.to_string(),
             table.to_string(),
+            wake.clone(),
+            shutdown.clone(),
+        ));
+    } else {
+        tokio::spawn(store::watch_new_rows(
+            store.clone(),
             wake.clone(),
             shutdown.clone(),
         ));
@@ -151,6 +168,10 @@ const RELAY_RUN_LIMIT: Duration = Duration::from_secs(60);
 const NAIVE_RUN_LIMIT: Duration = Duration::from_secs(15);
 /// The longest the ceiling run may take.
 const CEILING_RUN_LIMIT: Duration = Duration::from_secs(30);
+/// The latency runs: (rows per second, seconds).
+const LATENCY_RATES: [(u32, u32); 2] = [(100, 3), (1000, 2)];
+/// A webhook sink's default `concurrency` (the sends at once), which the ceiling run uses.
+const DEFAULT_SINK_CONCURRENCY: u32 = 64;
 /// Sink timeout used by the relay and mirrored by the naive loop's client.
 const SINK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -178,8 +199,8 @@ async fn bench() -> bool {
         .into_iter()
         .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
         .collect();
-    let wanted_sections =
-        std::env::var("OUTBOX_RELAY_BENCH_SECTIONS").unwrap_or_else(|_| "leader,claim".into());
+    let wanted_sections = std::env::var("OUTBOX_RELAY_BENCH_SECTIONS")
+        .unwrap_or_else(|_| "leader,claim,latency".into());
     let section_on = |name: &str| wanted_sections.split(',').any(|w| w.trim() == name);
     let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
         .ok()
@@ -228,6 +249,33 @@ async fn bench() -> bool {
             claim_sections.push(run_claim_section(db, &receiver, claim_rows).await);
         }
         claim_secs = claim_started.elapsed().as_secs_f64();
+    }
+    let mut latencies: Vec<(Db, Vec<Latency>)> = Vec::new();
+    if section_on("latency") {
+        for &db in &dbs {
+            let Ok(dir) = tempfile::tempdir() else {
+                continue;
+            };
+            let url = db.url(dir.path());
+            let mut runs = Vec::new();
+            for (rate, seconds) in LATENCY_RATES {
+                match latency_run(db, &url, &receiver, rate, seconds).await {
+                    Ok(l) => {
+                        println!(
+                            "  {:<8} latency   {rate:>5} rows/s, one per transaction, {} rows: p50 / p99 / max {} ms",
+                            db.name(),
+                            l.rows,
+                            l.cell()
+                        );
+                        runs.push(l);
+                    }
+                    Err(e) => {
+                        println!("  {:<8} latency   {rate} rows/s ERROR: {e:#}", db.name());
+                    }
+                }
+            }
+            latencies.push((db, runs));
+        }
     }
     drop(receiver);
 
@@ -306,7 +354,7 @@ async fn bench() -> bool {
     }
     if !sections.is_empty() {
         println!(
-            "* sink concurrency left at its default (32), which then caps max_in_flight; elsewhere it is set to max_in_flight."
+            "* sink concurrency left at its default ({DEFAULT_SINK_CONCURRENCY}): the sends at once, with up to as many rows claimed ahead while relay slots are free; elsewhere it is set to max_in_flight."
         );
     }
     if !claim_sections.is_empty() {
@@ -320,6 +368,7 @@ async fn bench() -> bool {
             "note: the claim-mode instances share this machine's {cores} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give."
         );
     }
+    report::print_markdown(&sections, &claim_sections, &latencies, cores);
     if sections
         .iter()
         .any(|s| s.db == Db::Postgres && s.main.is_some())

@@ -4,9 +4,10 @@
 //! apart, and notes `webhook-id`s seen twice. (The recording [`super::receiver::Receiver`]
 //! is for tests that inspect requests.)
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::http::StatusCode;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,8 @@ pub struct Receiver {
     /// how many arrived again.
     seen: Arc<Mutex<HashSet<String>>>,
     repeats: Arc<AtomicU64>,
+    /// First arrival of each row on `/hook/timed`, by id.
+    arrivals: Arc<Mutex<HashMap<i64, Instant>>>,
     stop: CancellationToken,
 }
 
@@ -74,6 +77,28 @@ impl Receiver {
                 ),
             );
         }
+        // `/hook/timed`: notes when each row (by `webhook-id`) first arrived, for latency.
+        let arrivals: Arc<Mutex<HashMap<i64, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
+        let noted = arrivals.clone();
+        app = app.route(
+            "/hook/timed",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+                    let noted = noted.clone();
+                    async move {
+                        let at = Instant::now();
+                        let id = headers
+                            .get("webhook-id")
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.parse::<i64>().ok());
+                        if let (Some(id), Ok(mut m)) = (id, noted.lock()) {
+                            m.entry(id).or_insert(at);
+                        }
+                        StatusCode::NO_CONTENT
+                    }
+                },
+            ),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
@@ -92,8 +117,22 @@ impl Receiver {
             per_instance,
             seen,
             repeats,
+            arrivals,
             stop,
         })
+    }
+
+    /// The URL whose requests are timed ([`Receiver::take_arrivals`]).
+    pub fn timed_url(&self) -> String {
+        format!("{}/timed", self.url)
+    }
+
+    /// When each row first arrived on [`Receiver::timed_url`], by id; and forgets them.
+    pub fn take_arrivals(&self) -> HashMap<i64, Instant> {
+        self.arrivals
+            .lock()
+            .map(|mut m| std::mem::take(&mut *m))
+            .unwrap_or_default()
     }
 
     pub fn count(&self) -> u64 {
@@ -159,5 +198,12 @@ async fn counts_per_instance_and_notes_repeats() {
     );
     post(rx.instance_url(1), "1").await;
     assert_eq!(rx.reset_seen(), 1, "forgotten ids are fresh again");
+    let before = Instant::now();
+    post(rx.timed_url(), "7").await;
+    post(rx.timed_url(), "7").await;
+    let arrived = rx.take_arrivals();
+    assert_eq!(arrived.len(), 1);
+    assert!(arrived[&7] >= before, "the first arrival is kept");
+    assert!(rx.take_arrivals().is_empty(), "taken");
     assert_eq!(INSTANCE_PATHS.len(), 3);
 }

@@ -1,0 +1,147 @@
+//! Commit-to-send latency: rows inserted one per transaction at a steady rate (as an
+//! application writes them) into an empty table served by one relay with the default
+//! settings, timed from the INSERT's commit to the row's arrival at the receiver.
+
+use super::*;
+
+/// One latency run's figures.
+#[derive(Debug, Clone)]
+pub(crate) struct Latency {
+    /// Rows per second inserted.
+    pub(crate) rate: u32,
+    pub(crate) rows: usize,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    pub(crate) max: Duration,
+    /// Rows that did not arrive within the run's limit.
+    pub(crate) missing: usize,
+}
+
+impl Latency {
+    /// `p50 / p99 / max` in milliseconds.
+    pub(crate) fn cell(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let missing = if self.missing > 0 {
+            format!(" ({} missing)", self.missing)
+        } else {
+            String::new()
+        };
+        format!(
+            "{:.1} / {:.1} / {:.1}{missing}",
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max)
+        )
+    }
+}
+
+/// How many tasks insert at once (each a steady share of the rate).
+const INSERTERS: u32 = 4;
+/// The longest a row may take to arrive before it is counted missing.
+const ARRIVAL_LIMIT: Duration = Duration::from_secs(15);
+
+/// Inserts `rate` rows per second for `seconds` into a fresh table served by one relay with
+/// the default settings (no lease), and measures each row from commit to arrival.
+pub(crate) async fn latency_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    rate: u32,
+    seconds: u32,
+) -> anyhow::Result<Latency> {
+    let table = unique_table("latency");
+    let result = latency_run_on(db, url, &table, receiver, rate, seconds).await;
+    drop_table(
+        url,
+        &table,
+        (db == Db::Postgres).then_some(Dialect::Postgres),
+    )
+    .await;
+    result
+}
+
+async fn latency_run_on(
+    db: Db,
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    rate: u32,
+    seconds: u32,
+) -> anyhow::Result<Latency> {
+    prepare_table(url, table, 0, false, 0).await?;
+    let dir = tempfile::tempdir()?;
+    // The defaults but for the lease (none) and the sink (the timed receiver path).
+    let config = Config::webhook(&receiver.timed_url())
+        .no_lease()
+        .poll_interval(Duration::from_millis(500))
+        .hook(|s| s.timeout(SINK_TIMEOUT));
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let (relay, _store, _) =
+        assemble(db, url, table, "latency", &config, dir.path(), &shutdown).await?;
+    let task = tokio::spawn(relay.run());
+    receiver.take_arrivals();
+    // Let the relay reach its idle wait.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let app = Arc::new(SqlStore::connect(url, table, INSERTERS, Duration::from_secs(5)).await?);
+    let per_task = rate / INSERTERS;
+    let every = Duration::from_secs_f64(1.0 / f64::from(per_task.max(1)));
+    let mut inserters = Vec::new();
+    for t in 0..INSERTERS {
+        let app = app.clone();
+        inserters.push(tokio::spawn(async move {
+            // Staggered, so the tasks' inserts interleave evenly.
+            tokio::time::sleep(every / INSERTERS * t).await;
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut committed = Vec::new();
+            for i in 0..per_task * seconds {
+                tick.tick().await;
+                let row = store::NewRow {
+                    channel: "hook".into(),
+                    payload: payload(i as usize),
+                    ..Default::default()
+                };
+                let id = app.enqueue(&row).await?;
+                committed.push((id, Instant::now()));
+            }
+            anyhow::Ok(committed)
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in inserters {
+        committed.extend(t.await??);
+    }
+    let deadline = Instant::now() + ARRIVAL_LIMIT;
+    let mut arrived: HashMap<i64, Instant> = HashMap::new();
+    while Instant::now() < deadline {
+        arrived.extend(receiver.take_arrivals());
+        if committed.iter().all(|(id, _)| arrived.contains_key(id)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    let _ = task.await;
+    app.pool().close().await;
+
+    let mut waits: Vec<Duration> = committed
+        .iter()
+        .filter_map(|(id, at)| arrived.get(id).map(|a| a.saturating_duration_since(*at)))
+        .collect();
+    let missing = committed.len() - waits.len();
+    if waits.is_empty() {
+        bail!("no row arrived");
+    }
+    waits.sort();
+    let pick = |q: f64| waits[((waits.len() as f64 * q).ceil() as usize).clamp(1, waits.len()) - 1];
+    Ok(Latency {
+        rate,
+        rows: committed.len(),
+        p50: pick(0.50),
+        p99: pick(0.99),
+        max: waits[waits.len() - 1],
+        missing,
+    })
+}

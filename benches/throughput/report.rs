@@ -1,0 +1,88 @@
+//! The one-table summary: every figure the performance targets are stated in, per database,
+//! as markdown to paste into the README.
+
+use super::*;
+
+/// CPU microseconds per row, (this process: relay and receiver; the rest: the database
+/// server and anything else), from a run's CPU shares and rate.
+fn cpu_per_row(cpu: Option<(f64, f64)>, rows_per_sec: f64, cores: usize) -> String {
+    match cpu {
+        Some((busy, own)) if rows_per_sec > 0.0 => {
+            let us = |share: f64| share * cores as f64 * 1e6 / rows_per_sec;
+            format!("{:.0} / {:.0}", us(own), us((busy - own).max(0.0)))
+        }
+        _ => "-".into(),
+    }
+}
+
+/// Prints the markdown summary: throughput against the receiver's ceiling, statements and
+/// CPU per row, latency, and claim-mode scaling.
+pub(crate) fn print_markdown(
+    sections: &[Section],
+    claims: &[ClaimSection],
+    latencies: &[(Db, Vec<Latency>)],
+    cores: usize,
+) {
+    println!();
+    println!(
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max)"
+    );
+    println!();
+    println!(
+        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for s in sections {
+        if s.skipped.is_some() {
+            continue;
+        }
+        let lat = |rate: u32| {
+            latencies
+                .iter()
+                .find(|(db, _)| *db == s.db)
+                .and_then(|(_, runs)| runs.iter().find(|l| l.rate == rate))
+                .map_or("-".to_string(), |l| l.cell())
+        };
+        let (rate, share, stmts, cpu) = match &s.main {
+            Some(r) => (
+                format!("{:.0}", r.rows_per_sec),
+                s.ceiling.filter(|c| *c > 0.0).map_or("-".into(), |c| {
+                    format!("{:.0}%", r.rows_per_sec / c * 100.0)
+                }),
+                format!("{:.3}", r.statements_per_row()),
+                cpu_per_row(r.cpu, r.rows_per_sec, cores),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} |",
+            s.db.name(),
+            s.ceiling.map_or("-".into(), |c| format!("{c:.0}")),
+            lat(100),
+            lat(1000),
+        );
+    }
+    if !claims.is_empty() {
+        println!();
+        println!(
+            "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 |"
+        );
+        println!("|---|---|---|---|---|");
+        for c in claims {
+            let at = |n: usize| c.unkeyed(n).map(|r| r.rows_per_sec);
+            let cell = |n: usize| at(n).map_or("-".into(), |v| format!("{v:.0}"));
+            let ratio = match (at(3), at(1)) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                _ => "-".into(),
+            };
+            println!(
+                "| {} | {} | {} | {} | {ratio} |",
+                c.db.name(),
+                cell(1),
+                cell(2),
+                cell(3)
+            );
+        }
+    }
+    println!();
+}
