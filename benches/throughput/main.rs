@@ -169,7 +169,7 @@ const NAIVE_RUN_LIMIT: Duration = Duration::from_secs(15);
 /// The longest the ceiling run may take.
 const CEILING_RUN_LIMIT: Duration = Duration::from_secs(30);
 /// The latency runs: (rows per second, seconds).
-const LATENCY_RATES: [(u32, u32); 2] = [(100, 3), (1000, 2)];
+const LATENCY_RATES: [(u32, u32); 2] = [(100, 5), (1000, 5)];
 /// A webhook sink's default `concurrency` (the sends at once), which the ceiling run uses.
 const DEFAULT_SINK_CONCURRENCY: u32 = 64;
 /// Sink timeout used by the relay and mirrored by the naive loop's client.
