@@ -26,13 +26,31 @@ impl SqlStore {
         let t = &self.table;
         let now = self.dialect.now();
         let due = self.dialect.due("o.next_attempt_at");
+        let key = self.open_columns().1;
         format!(
             "o.status IN ('PENDING', 'RETRY') AND {due}
              AND (o.claimed_until IS NULL OR o.claimed_until < {now})
              AND (o.ordering_key IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM {t} p WHERE p.ordering_key = o.ordering_key AND p.id < o.id
+                 SELECT 1 FROM {t} p WHERE p.{key} = o.ordering_key AND p.id < o.id
                  AND p.status IN ('PENDING', 'RETRY')))"
         )
+    }
+
+    /// The columns the picks filter channels and ordering keys on, and the index hint that
+    /// makes the picks walk unfinished rows only. PostgreSQL and SQLite have partial indexes
+    /// of unfinished rows; MySQL has none, so there the virtual columns `open_channel` and
+    /// `open_key` (the channel and key of unfinished rows, NULL once finished; schema version
+    /// 5) are indexed instead, and the hint keeps the optimizer from walking the primary key
+    /// over every finished row for the sake of `ORDER BY id`.
+    fn open_columns(&self) -> (&'static str, &'static str, String) {
+        match self.dialect {
+            Dialect::MySql { .. } => (
+                "open_channel",
+                "open_key",
+                format!("FORCE INDEX ({}_open_idx)", self.table),
+            ),
+            _ => ("channel", "ordering_key", String::new()),
+        }
     }
 
     /// The select list of a claim: one expression per [`Col`], in [`Col::ALL`] order, which
@@ -276,18 +294,26 @@ impl SqlStore {
         };
         let t = &self.table;
         let claimable = self.claimable();
+        let (channel, _, hint) = self.open_columns();
         filters
             .into_iter()
             .map(|(filter, n)| {
                 let mut q = Sql::default();
-                q.push(&format!("SELECT {cols} FROM {t} o WHERE {claimable}"));
+                q.push(&format!(
+                    "SELECT {cols} FROM {t} o {hint} WHERE {claimable}"
+                ));
                 match filter {
                     Filter::Channel(c) => {
-                        q.push(" AND o.channel = ").text(c);
+                        q.push(&format!(" AND o.{channel} = ")).text(c);
+                    }
+                    Filter::NotIn([]) if channel != "channel" => {
+                        q.push(&format!(" AND o.{channel} IS NOT NULL"));
                     }
                     Filter::NotIn([]) => {}
                     Filter::NotIn(cs) => {
-                        q.push(" AND o.channel NOT IN (").texts(cs).push(")");
+                        q.push(&format!(" AND o.{channel} NOT IN ("))
+                            .texts(cs)
+                            .push(")");
                     }
                 }
                 fence.add(&mut q, req);

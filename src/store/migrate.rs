@@ -11,7 +11,7 @@ use super::builder::Sql;
 use super::{Dialect, mysql, postgres, sqlite};
 
 /// The newest schema version this build knows.
-pub const LATEST: i64 = 4;
+pub const LATEST: i64 = 5;
 
 fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
     match (dialect, version) {
@@ -111,8 +111,10 @@ async fn apply(
         for step in steps(dialect, table, version) {
             conn.execute(sqlx::AssertSqlSafe(step)).await?;
         }
-        if let (Dialect::MySql { .. }, 3) = (dialect, version) {
-            mysql::convert_timestamps(conn, table).await?;
+        match (dialect, version) {
+            (Dialect::MySql { .. }, 3) => mysql::convert_timestamps(conn, table).await?,
+            (Dialect::MySql { .. }, 5) => mysql::add_open_columns(conn, table).await?,
+            _ => {}
         }
         let q = if current == 0 && version == 1 {
             let mut q = Sql::new("INSERT INTO outbox_relay_schema (target, version) VALUES (");

