@@ -72,6 +72,8 @@ pub(crate) struct ClaimSetup {
     pub(crate) keys: usize,
     /// Diagnostic: `relay.poll_interval` for every instance (None: the default).
     pub(crate) poll_interval: Option<Duration>,
+    /// The receiver answers after `SLOW_REPLY` (20 ms) instead of at once.
+    pub(crate) slow: bool,
 }
 
 impl ClaimSetup {
@@ -80,6 +82,7 @@ impl ClaimSetup {
             instances,
             keys,
             poll_interval: None,
+            slow: false,
         }
     }
 }
@@ -112,6 +115,7 @@ pub(crate) async fn claim_run_on(
         instances,
         keys,
         poll_interval,
+        slow,
     } = setup;
     if instances == 0 || instances > INSTANCE_PATHS.len() {
         bail!("instances must be 1..={}", INSTANCE_PATHS.len());
@@ -126,7 +130,12 @@ pub(crate) async fn claim_run_on(
     let mut stores = Vec::with_capacity(instances);
     let mut healths = Vec::with_capacity(instances);
     for (i, path) in INSTANCE_PATHS.iter().enumerate().take(instances) {
-        let config = Config::webhook(&receiver.instance_url(i))
+        let sink_url = if slow {
+            receiver.slow_instance_url(i)
+        } else {
+            receiver.instance_url(i)
+        };
+        let config = Config::webhook(&sink_url)
             .claim_mode()
             .no_lease()
             .batch_size(CLAIM_BATCH)
@@ -249,6 +258,8 @@ pub(crate) struct ClaimSection {
     pub(crate) scaling: Vec<ClaimRun>,
     /// The same on rows with ordering keys (1 and 3 instances).
     pub(crate) keyed: Vec<ClaimRun>,
+    /// Unkeyed, 1 and 3 instances, against a receiver answering after 20 ms.
+    pub(crate) slow: Vec<ClaimRun>,
     pub(crate) errors: Vec<String>,
     pub(crate) skipped: Option<String>,
 }
@@ -300,6 +311,7 @@ pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) 
         db,
         scaling: Vec::new(),
         keyed: Vec::new(),
+        slow: Vec::new(),
         errors: Vec::new(),
         skipped: None,
     };
@@ -331,6 +343,33 @@ pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) 
                 );
                 s.errors
                     .push(format!("claim {instances} inst unkeyed: {e:#}"));
+            }
+        }
+    }
+    // A receiver that takes 20 ms per request: each instance is then bounded by its sends at
+    // once, as in most deployments, and more instances deliver more.
+    for instances in [1, INSTANCE_PATHS.len()] {
+        let setup = ClaimSetup {
+            slow: true,
+            ..ClaimSetup::new(instances, 0)
+        };
+        match claim_run(db, &url, receiver, rows, setup).await {
+            Ok(r) => {
+                println!(
+                    "  {:<8} claim     {instances} inst, receiver answering after {} ms: {:.0} rows/s",
+                    db.name(),
+                    SLOW_REPLY.as_millis(),
+                    r.rows_per_sec
+                );
+                s.slow.push(r);
+            }
+            Err(e) => {
+                println!(
+                    "  {:<8} claim     {instances} inst slow receiver ERROR: {e:#}",
+                    db.name()
+                );
+                s.errors
+                    .push(format!("claim {instances} inst slow receiver: {e:#}"));
             }
         }
     }

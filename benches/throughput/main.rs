@@ -158,7 +158,7 @@ async fn assemble(
 fn unique_table(tag: &str) -> String {
     support::unique_table(&format!("bench_{tag}"))
 }
-use support::counting::{INSTANCE_PATHS, Receiver};
+use support::counting::{INSTANCE_PATHS, Receiver, SLOW_REPLY};
 
 /// Rows per multi-row INSERT when preparing a table.
 const INSERT_CHUNK: usize = 1000;

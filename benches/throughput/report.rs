@@ -65,9 +65,9 @@ pub(crate) fn print_markdown(
     if !claims.is_empty() {
         println!();
         println!(
-            "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 |"
+            "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 | receiver answering after 20 ms: 1 instance | 3 instances | 3 / 1 |"
         );
-        println!("|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
         for c in claims {
             let at = |n: usize| c.unkeyed(n).map(|r| r.rows_per_sec);
             let cell = |n: usize| at(n).map_or("-".into(), |v| format!("{v:.0}"));
@@ -75,12 +75,25 @@ pub(crate) fn print_markdown(
                 (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
                 _ => "-".into(),
             };
+            let slow = |n: usize| {
+                c.slow
+                    .iter()
+                    .find(|r| r.instances == n)
+                    .map(|r| r.rows_per_sec)
+            };
+            let slow_ratio = match (slow(3), slow(1)) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+                _ => "-".into(),
+            };
+            let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
             println!(
-                "| {} | {} | {} | {} | {ratio} |",
+                "| {} | {} | {} | {} | {ratio} | {} | {} | {slow_ratio} |",
                 c.db.name(),
                 cell(1),
                 cell(2),
-                cell(3)
+                cell(3),
+                fmt(slow(1)),
+                fmt(slow(3)),
             );
         }
     }

@@ -283,21 +283,45 @@ impl SqlStore {
         lock: &str,
         fence: &PickFence,
     ) -> Vec<Sql> {
-        let filters: Vec<(Filter, u32)> = match &req.budgets {
+        // Each channel's budget is taken oldest first, but for a share taken newest first:
+        // under a backlog, a row just committed is sent within one claim instead of after
+        // the whole backlog (the order of a channel's rows is not a promise; an ordering
+        // key's is, and only the head of a key is ever claimable). The two picks can meet
+        // when the channel has fewer rows due than its budget; the claim takes such a row once.
+        let filters: Vec<(Filter, u32, Order)> = match &req.budgets {
             Some(b) => b
                 .channels
                 .iter()
-                .map(|(c, n)| (Filter::Channel(c), *n))
-                .chain(b.others.iter().map(|(known, n)| (Filter::NotIn(known), *n)))
+                .flat_map(|(c, n)| {
+                    let newest = if *n >= 2 {
+                        (*n / NEWEST_SHARE).max(1)
+                    } else {
+                        0
+                    };
+                    [
+                        (Filter::Channel(c), n - newest, Order::Oldest),
+                        (Filter::Channel(c), newest, Order::Newest),
+                    ]
+                })
+                .filter(|(_, n, _)| *n > 0)
+                .chain(
+                    b.others
+                        .iter()
+                        .map(|(known, n)| (Filter::NotIn(known), *n, Order::Oldest)),
+                )
                 .collect(),
-            None => vec![(Filter::NotIn(&req.exclude_channels), req.limit)],
+            None => vec![(
+                Filter::NotIn(&req.exclude_channels),
+                req.limit,
+                Order::Oldest,
+            )],
         };
         let t = &self.table;
         let claimable = self.claimable();
         let (channel, _, hint) = self.open_columns();
         filters
             .into_iter()
-            .map(|(filter, n)| {
+            .map(|(filter, n, order)| {
                 let mut q = Sql::default();
                 q.push(&format!(
                     "SELECT {cols} FROM {t} o {hint} WHERE {claimable}"
@@ -317,7 +341,11 @@ impl SqlStore {
                     }
                 }
                 fence.add(&mut q, req);
-                q.push(" ORDER BY o.id LIMIT ")
+                let direction = match order {
+                    Order::Oldest => "",
+                    Order::Newest => " DESC",
+                };
+                q.push(&format!(" ORDER BY o.id{direction} LIMIT "))
                     .int(n as i64)
                     .push(" ")
                     .push(lock);
@@ -368,7 +396,7 @@ impl SqlStore {
             .iter()
             .map(|n| format!("SELECT id FROM {n}"))
             .collect::<Vec<_>>()
-            .join(" UNION ALL ");
+            .join(" UNION ");
         q.push(&format!(" UPDATE {t} "));
         if pg {
             q.push("u ");
@@ -395,6 +423,16 @@ impl SqlStore {
         }
         Ok(q.query(self).fetch_all(&self.pool).await?)
     }
+}
+
+/// The share of a channel's budget taken newest first (one in eight, at least one row).
+const NEWEST_SHARE: u32 = 8;
+
+/// Which end of a channel's due rows a pick starts from.
+#[derive(Clone, Copy)]
+enum Order {
+    Oldest,
+    Newest,
 }
 
 /// Which channels one pick takes.

@@ -238,8 +238,10 @@ impl Queue for SqlStore {
                     Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
                 }
             }
-            // RETURNING gives no order; delivery order within a batch is id order.
+            // RETURNING gives no order; delivery order within a batch is id order. A row two
+            // picks found (oldest and newest first, see `picks`) is delivered once.
             claimed.sort_by_key(|r| r.delivery.id);
+            claimed.dedup_by_key(|r| r.delivery.id);
             Ok(claimed)
         })
     }

@@ -341,7 +341,9 @@ async fn budgets_cap_each_channel(db: Db) {
         "{:?}",
         ids(&rows)
     );
-    // Each channel's rows are its first ones, in id order.
+    // Each channel's rows are its first ones in id order, but for one in eight (at least one)
+    // taken from its newest end: channel a (ids min, min+3, ..., min+27) gets its first and
+    // its last.
     let first_a: Vec<i64> = ids(&rows)
         .into_iter()
         .filter(|id| {
@@ -350,7 +352,7 @@ async fn budgets_cap_each_channel(db: Db) {
         })
         .collect();
     let min = td.scalar("SELECT MIN(id) FROM {t}").await;
-    assert_eq!(first_a, vec![min, min + 3]);
+    assert_eq!(first_a, vec![min, min + 27]);
     // An empty budget claims nothing (and sends no statement).
     req.budgets = Some(Budgets::default());
     assert!(bounded("claim", store.claim(&req)).await.is_empty());
@@ -1006,3 +1008,49 @@ async fn mysql_claims_never_walk_finished_rows() {
     );
     td.drop_table().await;
 }
+
+/// Under a backlog, a claim takes a channel's budget mostly oldest first but one row in eight
+/// newest first, so a row just committed is sent within one claim round; when the channel has
+/// fewer due rows than its budget, both ends meet and each row is claimed once.
+async fn newest_rows_are_not_starved_by_a_backlog(db: Db) {
+    let Some(td) = TestDb::open(db, "st_newest").await else {
+        return;
+    };
+    let store = td.store.clone();
+    td.insert("hook", (0..50).map(|_| (None, "{}".to_string())))
+        .await;
+    let all: Vec<i64> = {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT id FROM {} ORDER BY id",
+            td.table
+        )))
+        .fetch_all(store.pool())
+        .await
+        .expect("ids");
+        rows.iter()
+            .map(|r| r.try_get::<i64, _>(0).expect("id"))
+            .collect()
+    };
+    let budget = |n: u32| {
+        let mut req = request(n, LONG, "a", None);
+        req.budgets = Some(Budgets {
+            channels: vec![("hook".into(), n)],
+            others: None,
+        });
+        req
+    };
+    let rows = bounded("claim", store.claim(&budget(16))).await;
+    let mut want: Vec<i64> = all[..14].to_vec();
+    want.extend(&all[48..]);
+    assert_eq!(ids(&rows), want, "14 oldest and the 2 newest");
+    // 34 rows left, then 18: the last claim asks for more than there are.
+    let rows = bounded("claim", store.claim(&budget(16))).await;
+    assert_eq!(rows.len(), 16);
+    let rows = bounded("claim", store.claim(&budget(40))).await;
+    let got = ids(&rows);
+    assert_eq!(got.len(), 18, "every row left, each once: {got:?}");
+    let unique: HashSet<i64> = got.iter().copied().collect();
+    assert_eq!(unique.len(), 18);
+    td.drop_table().await;
+}
+per_db!(newest_rows_are_not_starved_by_a_backlog);

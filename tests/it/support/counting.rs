@@ -15,6 +15,9 @@ use tokio_util::sync::CancellationToken;
 /// The per-instance paths, in order.
 pub const INSTANCE_PATHS: [&str; 3] = ["a", "b", "c"];
 
+/// How long `/slow/...` takes to answer: a receiver that does some work.
+pub const SLOW_REPLY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// The loopback receiver: answers 204 at once and counts requests. `/hook` serves the leader
 /// section and the references; the claim section gives each instance its own path
 /// (`/hook/a`, `/hook/b`, `/hook/c`), counted apart, and notes `webhook-id`s seen twice there.
@@ -77,6 +80,35 @@ impl Receiver {
                 ),
             );
         }
+        // `/slow/a` ...: the same, answering after SLOW_REPLY (a receiver with latency).
+        for (i, path) in INSTANCE_PATHS.iter().enumerate() {
+            let (counter, per_instance) = (count.clone(), per_instance.clone());
+            let (seen, repeats) = (seen.clone(), repeats.clone());
+            app = app.route(
+                &format!("/slow/{path}"),
+                axum::routing::post(
+                    move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+                        let (counter, per_instance) = (counter.clone(), per_instance.clone());
+                        let (seen, repeats) = (seen.clone(), repeats.clone());
+                        async move {
+                            tokio::time::sleep(SLOW_REPLY).await;
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            per_instance[i].fetch_add(1, Ordering::Relaxed);
+                            let id = headers
+                                .get("webhook-id")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_string();
+                            let fresh = seen.lock().map(|mut s| s.insert(id)).unwrap_or(true);
+                            if !fresh {
+                                repeats.fetch_add(1, Ordering::Relaxed);
+                            }
+                            StatusCode::NO_CONTENT
+                        }
+                    },
+                ),
+            );
+        }
         // `/hook/timed`: notes when each row (by `webhook-id`) first arrived, for latency.
         let arrivals: Arc<Mutex<HashMap<i64, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
         let noted = arrivals.clone();
@@ -120,6 +152,15 @@ impl Receiver {
             arrivals,
             stop,
         })
+    }
+
+    /// The URL of instance `i` on a receiver answering after [`SLOW_REPLY`].
+    pub fn slow_instance_url(&self, i: usize) -> String {
+        format!(
+            "{}/{}",
+            self.url.replace("/hook", "/slow"),
+            INSTANCE_PATHS[i]
+        )
     }
 
     /// The URL whose requests are timed ([`Receiver::take_arrivals`]).
@@ -188,9 +229,12 @@ async fn counts_per_instance_and_notes_repeats() {
     post(rx.url.clone(), "1").await;
     post(rx.instance_url(0), "1").await;
     post(rx.instance_url(2), "2").await;
+    let slow = Instant::now();
+    post(rx.slow_instance_url(1), "3").await;
+    assert!(slow.elapsed() >= SLOW_REPLY, "the slow path answers late");
     post(rx.instance_url(2), "1").await;
-    assert_eq!(rx.count(), 4);
-    assert_eq!(rx.instance_counts(), vec![1, 0, 2]);
+    assert_eq!(rx.count(), 5);
+    assert_eq!(rx.instance_counts(), vec![1, 1, 2]);
     assert_eq!(
         rx.reset_seen(),
         1,
