@@ -323,10 +323,31 @@ impl SqlStore {
             .into_iter()
             .map(|(filter, n, order)| {
                 let mut q = Sql::default();
-                q.push(&format!(
-                    "SELECT {cols} FROM {t} o {hint} WHERE {claimable}"
-                ));
+                match (order, &filter) {
+                    // The newest pick looks only at the channel's newest unfinished rows (a
+                    // window a few times its size, read from the end of the index): when
+                    // those are all waiting behind earlier rows of their ordering keys, it
+                    // finds nothing at once instead of walking the whole backlog.
+                    (Order::Newest, Filter::Channel(c)) => {
+                        q.push(&format!(
+                            "SELECT {cols} FROM {t} o WHERE o.id IN (SELECT w.id FROM \
+                             (SELECT n.id FROM {t} n {hint} WHERE n.{channel} = "
+                        ))
+                        .text(c)
+                        .push(&format!(
+                            " AND n.status IN ('PENDING', 'RETRY') ORDER BY n.id DESC LIMIT {}) w) \
+                             AND {claimable}",
+                            n.saturating_mul(NEWEST_WINDOW)
+                        ));
+                    }
+                    _ => {
+                        q.push(&format!(
+                            "SELECT {cols} FROM {t} o {hint} WHERE {claimable}"
+                        ));
+                    }
+                }
                 match filter {
+                    Filter::Channel(_) if matches!(order, Order::Newest) => {}
                     Filter::Channel(c) => {
                         q.push(&format!(" AND o.{channel} = ")).text(c);
                     }
@@ -427,6 +448,8 @@ impl SqlStore {
 
 /// The share of a channel's budget taken newest first (one in eight, at least one row).
 const NEWEST_SHARE: u32 = 8;
+/// How many of a channel's newest unfinished rows the newest pick looks at, per row it takes.
+const NEWEST_WINDOW: u32 = 4;
 
 /// Which end of a channel's due rows a pick starts from.
 #[derive(Clone, Copy)]
