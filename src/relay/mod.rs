@@ -45,6 +45,9 @@ const BUDGET_HORIZON: Duration = Duration::from_millis(500);
 /// Longest the loop waits for half a batch of free slots before claiming for the slots that
 /// are free.
 const GATHER_SLOTS: Duration = Duration::from_millis(20);
+/// How often a claim also takes some of each channel's newest rows, so that under a backlog a
+/// row just committed waits at most about this long (plus one claim), not behind the backlog.
+const NEWEST_EVERY: Duration = Duration::from_millis(100);
 /// How often a claim also looks for rows of channels that no sink serves (to fail them):
 /// that look cannot use the channel index, so it is not made on every claim.
 const OTHERS_EVERY: Duration = Duration::from_secs(2);
@@ -86,6 +89,7 @@ impl Relay {
         let mut lease_rx = self.lease.as_ref().map(|(_, rx)| rx.clone());
         let mut db_failures = 0u32;
         let mut last_others = Instant::now() - OTHERS_EVERY;
+        let mut last_newest = Instant::now() - NEWEST_EVERY;
         let mut gathered = false;
         tracing::info!(
             instance = %s.instance_id,
@@ -163,6 +167,10 @@ impl Relay {
                 }
                 continue;
             }
+            let newest = last_newest.elapsed() >= NEWEST_EVERY;
+            if newest {
+                last_newest = Instant::now();
+            }
             let token: Arc<str> = Arc::from(crate::random_token());
             let epoch = fence.as_ref().map(|f| f.epoch);
             let req = ClaimRequest {
@@ -173,6 +181,7 @@ impl Relay {
                 fence,
                 exclude_channels: Vec::new(),
                 max_payload_bytes: Some(self.sinks.max_payload_bytes() as u64),
+                newest,
                 budgets: Some(budgets.clone()),
             };
             let claimed_at = Instant::now();

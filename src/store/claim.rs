@@ -293,7 +293,7 @@ impl SqlStore {
                 .channels
                 .iter()
                 .flat_map(|(c, n)| {
-                    let newest = if *n >= 2 {
+                    let newest = if req.newest && *n >= 2 {
                         (*n / NEWEST_SHARE).max(1)
                     } else {
                         0

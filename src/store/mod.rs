@@ -77,6 +77,11 @@ pub struct ClaimRequest {
     /// comes back [`ClaimedRow::undeliverable`] and is finished FAILED. Bounds the relay's
     /// memory whatever the table holds. `None`: no limit.
     pub max_payload_bytes: Option<u64>,
+    /// Take one row in eight of each channel's budget from its newest end (see
+    /// `claim.rs`, "picks"), so that under a backlog a row just committed is not left behind
+    /// it. The relay asks for it a few times a second, not on every claim: the extra pick
+    /// costs the database as much as a small claim.
+    pub newest: bool,
     /// Per-channel caps. `None`: up to `limit` rows of any channel but the excluded ones.
     /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
     /// ignored), so that the claim asks only for what each sink can start now.

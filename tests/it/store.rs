@@ -27,6 +27,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
+        newest: false,
     }
 }
 
@@ -329,6 +330,7 @@ async fn budgets_cap_each_channel(db: Db) {
     .await
     .expect("free lease is acquired");
     let mut req = request(100, LONG, "a", Some(Fence { lease, epoch }));
+    req.newest = true;
     req.budgets = Some(Budgets {
         channels: vec![("a".into(), 2), ("b".into(), 5)],
         others: Some((vec!["a".into(), "b".into()], 1)),
@@ -1009,9 +1011,10 @@ async fn mysql_claims_never_walk_finished_rows() {
     td.drop_table().await;
 }
 
-/// Under a backlog, a claim takes a channel's budget mostly oldest first but one row in eight
-/// newest first, so a row just committed is sent within one claim round; when the channel has
-/// fewer due rows than its budget, both ends meet and each row is claimed once.
+/// Under a backlog, a claim asking for the newest share takes a channel's budget mostly oldest
+/// first but one row in eight newest first, so a row just committed is not left behind the
+/// backlog; when the channel has fewer due rows than its budget, both ends meet and each row
+/// is claimed once.
 async fn newest_rows_are_not_starved_by_a_backlog(db: Db) {
     let Some(td) = TestDb::open(db, "st_newest").await else {
         return;
@@ -1033,6 +1036,7 @@ async fn newest_rows_are_not_starved_by_a_backlog(db: Db) {
     };
     let budget = |n: u32| {
         let mut req = request(n, LONG, "a", None);
+        req.newest = true;
         req.budgets = Some(Budgets {
             channels: vec![("hook".into(), n)],
             others: None,

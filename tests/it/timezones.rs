@@ -121,6 +121,7 @@ fn claim_all() -> ClaimRequest {
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
+        newest: false,
     }
 }
 
