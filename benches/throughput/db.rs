@@ -35,6 +35,31 @@ pub(crate) async fn prepare_table(
 ) -> anyhow::Result<()> {
     let setup = SqlStore::connect(url, table, 2, Duration::from_secs(5)).await?;
     setup.migrate().await.context("migrate")?;
+    fill(&setup, table, n, keys).await?;
+    if analyze {
+        let sql = match setup.dialect() {
+            Dialect::MySql { .. } => format!("ANALYZE TABLE {table}"),
+            _ => format!("ANALYZE {table}"),
+        };
+        // MySQL answers ANALYZE TABLE with a result set.
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(setup.pool())
+            .await
+            .context("analyze")?;
+    }
+    // Closing ends the server sessions, which flushes their statistics (PostgreSQL).
+    setup.pool().close().await;
+    Ok(())
+}
+
+/// Inserts `n` PENDING webhook rows into `table` in multi-row INSERTs; with `keys` > 0, row k
+/// gets `ordering_key` `k{k % keys}`.
+pub(crate) async fn fill(
+    store: &SqlStore,
+    table: &str,
+    n: usize,
+    keys: usize,
+) -> anyhow::Result<()> {
     let mut i = 0;
     while i < n {
         let end = (i + INSERT_CHUNK).min(n);
@@ -49,7 +74,7 @@ pub(crate) async fn prepare_table(
             })
             .collect();
         exec(
-            setup.pool(),
+            store.pool(),
             format!(
                 "INSERT INTO {table} (channel, payload, ordering_key) VALUES {}",
                 values.join(", ")
@@ -59,19 +84,6 @@ pub(crate) async fn prepare_table(
         .context("bulk insert")?;
         i = end;
     }
-    if analyze {
-        let sql = match setup.dialect() {
-            Dialect::MySql { .. } => format!("ANALYZE TABLE {table}"),
-            _ => format!("ANALYZE {table}"),
-        };
-        // MySQL answers ANALYZE TABLE with a result set.
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .fetch_all(setup.pool())
-            .await
-            .context("analyze")?;
-    }
-    // Closing ends the server sessions, which flushes their statistics (PostgreSQL).
-    setup.pool().close().await;
     Ok(())
 }
 

@@ -37,13 +37,15 @@
 //! The **latency** section inserts rows one per transaction at 100 and 1,000 rows/s into an
 //! empty table served by one relay with the defaults, and times each from its commit to its
 //! arrival at the receiver (NOTIFY wakes the relay on PostgreSQL; elsewhere the newest-id
-//! check does). The run ends with one markdown table of every figure.
+//! check does). The **memory** section runs the release binary as its own process with the
+//! defaults and reads its resident memory idle and at its peak while draining a backlog. The
+//! run ends with one markdown table of every figure.
 //!
 //! Run: `cargo bench --bench throughput`. Environment knobs:
 //! - `OUTBOX_RELAY_BENCH_ROWS` rows for the main relay run (default 20000 on PostgreSQL,
 //!   half that on the others; variations and the naive loop use fewer, stated in the output);
 //! - `OUTBOX_RELAY_BENCH_DBS` comma-separated subset of `postgres,mysql,sqlite`;
-//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim,latency` (default
+//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim,latency,memory` (default
 //!   all);
 //! - `OUTBOX_RELAY_BENCH_VARIATIONS` `batch/in_flight/concurrency[/noanalyze],...` replaces the
 //!   leader section's variations (for exploring settings);
@@ -59,6 +61,7 @@ mod cpu;
 mod db;
 mod latency;
 mod leader;
+mod memory;
 mod references;
 mod report;
 /// The integration tests' toolkit (databases, receivers); the bench uses part of it.
@@ -86,6 +89,7 @@ use cpu::*;
 use db::*;
 use latency::*;
 use leader::*;
+use memory::*;
 use references::*;
 use support::Db;
 use support::config::Config;
@@ -200,7 +204,7 @@ async fn bench() -> bool {
         .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
         .collect();
     let wanted_sections = std::env::var("OUTBOX_RELAY_BENCH_SECTIONS")
-        .unwrap_or_else(|_| "leader,claim,latency".into());
+        .unwrap_or_else(|_| "leader,claim,latency,memory".into());
     let section_on = |name: &str| wanted_sections.split(',').any(|w| w.trim() == name);
     let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
         .ok()
@@ -275,6 +279,33 @@ async fn bench() -> bool {
                 }
             }
             latencies.push((db, runs));
+        }
+    }
+    let mut memory: Vec<(Db, Rss)> = Vec::new();
+    if section_on("memory") {
+        for &db in &dbs {
+            let Ok(dir) = tempfile::tempdir() else {
+                continue;
+            };
+            // As many rows as the leader section's main run.
+            let rows = if db == Db::Postgres {
+                base_rows
+            } else {
+                (base_rows / 2).max(1000)
+            };
+            match rss_run(db, &db.url(dir.path()), &receiver, rows).await {
+                Ok(r) => {
+                    println!(
+                        "  {:<8} memory    the relay binary, defaults: idle {:.1} MiB resident, peak {:.1} MiB draining {rows} rows ({:.0} rows/s)",
+                        db.name(),
+                        r.idle_kib as f64 / 1024.0,
+                        r.peak_kib as f64 / 1024.0,
+                        r.rows_per_sec
+                    );
+                    memory.push((db, r));
+                }
+                Err(e) => println!("  {:<8} memory    ERROR: {e:#}", db.name()),
+            }
         }
     }
     drop(receiver);
@@ -368,7 +399,7 @@ async fn bench() -> bool {
             "note: the claim-mode instances share this machine's {cores} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give."
         );
     }
-    report::print_markdown(&sections, &claim_sections, &latencies, cores);
+    report::print_markdown(&sections, &claim_sections, &latencies, &memory, cores);
     if sections
         .iter()
         .any(|s| s.db == Db::Postgres && s.main.is_some())

@@ -21,17 +21,18 @@ pub(crate) fn print_markdown(
     sections: &[Section],
     claims: &[ClaimSection],
     latencies: &[(Db, Vec<Latency>)],
+    memory: &[(Db, Rss)],
     cores: usize,
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max)"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog)"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) |"
+        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | RSS of the relay binary, idle / peak (MiB) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for s in sections {
         if s.skipped.is_some() {
             continue;
@@ -55,11 +56,27 @@ pub(crate) fn print_markdown(
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
         println!(
-            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} |",
+            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {} | {} |",
             s.db.name(),
             s.ceiling.map_or("-".into(), |c| format!("{c:.0}")),
             lat(100),
             lat(1000),
+            memory
+                .iter()
+                .find(|(db, _)| *db == s.db)
+                .map_or("-".into(), |(_, r)| match s.ceiling.filter(|c| *c > 0.0) {
+                    Some(c) =>
+                        format!("{:.0} ({:.0}%)", r.rows_per_sec, r.rows_per_sec / c * 100.0),
+                    None => format!("{:.0}", r.rows_per_sec),
+                }),
+            memory
+                .iter()
+                .find(|(db, _)| *db == s.db)
+                .map_or("-".into(), |(_, r)| format!(
+                    "{:.1} / {:.1}",
+                    r.idle_kib as f64 / 1024.0,
+                    r.peak_kib as f64 / 1024.0
+                )),
         );
     }
     if !claims.is_empty() {
