@@ -7,10 +7,14 @@
 //! - [`lease`]: who may claim in leader mode ([`lease::Lease`]) and the watchdog keeping it;
 //! - [`sink`]: where a row goes ([`sink::Sink`]) and how each answer is classified;
 //! - [`relay`]: the loop tying them together;
-//! - [`config`], [`cli`], [`telemetry`]: how it is configured, driven and observed.
+//! - [`config`], [`cli`], [`telemetry`]: how it is configured, driven and observed;
+//! - [`console`]: the operator's web pages over the table, served by the relay itself.
 
 pub mod cli;
 pub mod config;
+pub mod console;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod housekeeping;
 pub mod lease;
 pub mod metric;

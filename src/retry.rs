@@ -142,4 +142,97 @@ mod tests {
             Resolution::Release { delay, .. } if delay == Duration::from_secs(7)
         ));
     }
+
+    /// Properties over random policies the configuration accepts (`config/validate.rs`,
+    /// `validate_retry`: `max_attempts >= 1`, `1.0 <= multiplier <= 100.0`,
+    /// `0 < initial_backoff <= max_backoff`). What the module promises: attempt `n` waits
+    /// between `initial_backoff` and `min(max_backoff, initial_backoff * multiplier^(n-1))`
+    /// (the jitter never goes below the floor), a `Retry-After` longer than that wins, and a
+    /// row is attempted exactly `max_attempts` times, throttles and config errors not counting.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn policy() -> impl Strategy<Value = RetrySettings> {
+            (
+                1u64..=3_600_000_000,
+                0u64..=86_400_000_000,
+                1.0f64..=100.0,
+                1u32..=40,
+            )
+                .prop_map(|(initial_us, extra_us, multiplier, max_attempts)| {
+                    RetrySettings {
+                        initial_backoff: Duration::from_micros(initial_us),
+                        max_backoff: Duration::from_micros(initial_us + extra_us),
+                        multiplier,
+                        max_attempts,
+                    }
+                })
+        }
+
+        proptest! {
+            #[test]
+            fn backoff_stays_between_initial_and_the_capped_exponential(
+                p in policy(),
+                attempt in 1u32..=200,
+            ) {
+                let b = backoff(&p, attempt);
+                prop_assert!(b >= p.initial_backoff, "{b:?} below {:?}", p.initial_backoff);
+                prop_assert!(b <= p.max_backoff, "{b:?} above {:?}", p.max_backoff);
+                let ceiling = p.initial_backoff.as_secs_f64()
+                    * p.multiplier.powi(attempt.saturating_sub(1).min(64) as i32);
+                // One microsecond of slack for the f64 round trip of the drawn value.
+                prop_assert!(
+                    b.as_secs_f64() <= ceiling + 1e-6,
+                    "{b:?} above the exponential {ceiling}s"
+                );
+            }
+
+            #[test]
+            fn a_row_is_attempted_exactly_max_attempts_times(
+                p in policy(),
+                // Per attempt: how many throttles or config errors come before the failure,
+                // and the receiver's Retry-After, if any.
+                answers in prop::collection::vec(
+                    (0usize..3, prop::option::of(0u64..=7_200)),
+                    40,
+                ),
+            ) {
+                let retry = |after: Option<u64>| Outcome::Retry {
+                    after: after.map(Duration::from_secs),
+                    reason: "HTTP 503".into(),
+                };
+                let mut attempts = 0u32;
+                let failed = loop {
+                    let (pauses, after) = answers[attempts as usize];
+                    for i in 0..pauses {
+                        let o = if i % 2 == 0 {
+                            Outcome::Throttle { pause: Duration::from_secs(1), reason: "429".into() }
+                        } else {
+                            Outcome::ConfigError { reason: "401".into() }
+                        };
+                        let r = resolve(&o, attempts, &p);
+                        prop_assert!(matches!(r, Resolution::Release { .. }), "{r:?}");
+                    }
+                    match resolve(&retry(after), attempts, &p) {
+                        Resolution::Retry { delay, .. } => {
+                            attempts += 1;
+                            prop_assert!(delay >= p.initial_backoff);
+                            prop_assert!(delay >= Duration::from_secs(after.unwrap_or(0)));
+                            if after.is_none() {
+                                prop_assert!(delay <= p.max_backoff);
+                            }
+                        }
+                        Resolution::Failed { error } => break (attempts + 1, error),
+                        r => prop_assert!(false, "unexpected {r:?}"),
+                    }
+                    prop_assert!(attempts < p.max_attempts, "still retrying after {attempts}");
+                };
+                prop_assert_eq!(failed.0, p.max_attempts);
+                let want = format!("gave up after {} attempts", p.max_attempts);
+                prop_assert!(failed.1.starts_with(&want), "{}", failed.1);
+            }
+        }
+    }
 }

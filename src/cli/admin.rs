@@ -11,29 +11,80 @@ use crate::store::{self, Finished, NewRow, Requeue, SqlStore};
 /// work on a fresh checkout before `run` ever started.
 pub(super) async fn open(settings: &Settings) -> Result<Arc<SqlStore>, CliError> {
     let db = &settings.database;
-    let store = store::connect(db.url.expose(), &db.table, 2, db.connect_timeout)
-        .await
-        .map_err(|e| {
-            CliError::Runtime(anyhow::anyhow!(
-                "cannot connect to {}: {e}",
-                settings.database_url_redacted()
-            ))
-        })?;
+    let store = store::connect_mapped(
+        db.url.expose(),
+        &db.table,
+        &settings.table,
+        2,
+        db.connect_timeout,
+    )
+    .await
+    .map_err(|e| {
+        CliError::Runtime(anyhow::anyhow!(
+            "cannot connect to {}: {e}",
+            settings.database_url_redacted()
+        ))
+    })?;
     if store.dialect() == store::Dialect::Sqlite {
         store.migrate().await?;
     }
     Ok(store)
 }
 
-pub(super) async fn migrate(settings: &Settings) -> Result<(), CliError> {
+pub(super) async fn migrate(
+    settings: &Settings,
+    adopt: bool,
+    dry_run: bool,
+) -> Result<(), CliError> {
+    let mapped = settings.table.is_mapped();
+    if adopt && !mapped {
+        return Err(CliError::Usage(
+            "migrate --adopt is for an existing table mapped by [table] (see \
+             docs/adopting-a-table.md); plain `migrate` creates the relay's own table"
+                .into(),
+        ));
+    }
     let store = open(settings).await?;
+    let table = &settings.database.table;
+    if adopt {
+        let plan = store.adopt_plan().await?;
+        if plan.is_empty() {
+            say!("table {table} already has everything the relay needs; nothing to change");
+        }
+        for statement in &plan {
+            say!(
+                "{};",
+                statement.split_whitespace().collect::<Vec<_>>().join(" ")
+            );
+        }
+        if dry_run {
+            say!("dry run: nothing was changed");
+            return Ok(());
+        }
+        store.adopt(&plan).await?;
+        say!(
+            "table {table} adopted on {} ({}): {} statement(s) applied",
+            settings.database_url_redacted(),
+            store.dialect().name(),
+            plan.len()
+        );
+        return Ok(());
+    }
     store.migrate().await?;
-    say!(
-        "schema of table {} is up to date on {} ({})",
-        settings.database.table,
-        settings.database_url_redacted(),
-        store.dialect().name()
-    );
+    ensure_shedlock_table(settings, &store).await?;
+    if mapped {
+        say!(
+            "table {table} is mapped by [table]: only the lease table was created; run \
+             `outbox-relay migrate --adopt` to add the relay's columns to it"
+        );
+    } else {
+        say!(
+            "schema of table {} is up to date on {} ({})",
+            table,
+            settings.database_url_redacted(),
+            store.dialect().name()
+        );
+    }
     Ok(())
 }
 
@@ -105,6 +156,10 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
                 match settings.lease.backend {
                     crate::config::LeaseBackend::Redis => "redis",
                     crate::config::LeaseBackend::Redlock => "redlock",
+                    b @ (crate::config::LeaseBackend::Redisson
+                    | crate::config::LeaseBackend::Shedlock
+                    | crate::config::LeaseBackend::MysqlGetLock) =>
+                        b.java_lock().unwrap_or_default(),
                     crate::config::LeaseBackend::Database => "database",
                     crate::config::LeaseBackend::None => "none",
                 }
@@ -113,6 +168,7 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
         },
         None => say!("lease {}: never taken", settings.lease.name),
     }
+    java_lock_status(settings, &store).await?;
     if report.claims.is_empty() {
         say!("live claims: none");
     }
@@ -203,7 +259,7 @@ pub(super) async fn purge(
     Ok(())
 }
 
-pub(super) fn check_config(s: &Settings) -> Result<(), CliError> {
+pub(super) async fn check_config(s: &Settings) -> Result<(), CliError> {
     let d = duration::format;
     match &s.source {
         Some(p) => say!("configuration OK ({} + environment)", p.display()),
@@ -235,6 +291,13 @@ pub(super) fn check_config(s: &Settings) -> Result<(), CliError> {
         d(s.lease.ttl),
         d(s.lease.renew_timeout)
     );
+    if s.lease.backend == crate::config::LeaseBackend::Shedlock {
+        say!(
+            "lease: shedlock_table={} shedlock_time_zone={}",
+            s.lease.shedlock_table,
+            s.lease.shedlock_time_zone
+        );
+    }
     say!(
         "retry: initial_backoff={} max_backoff={} multiplier={} max_attempts={}",
         d(s.retry.initial_backoff),
@@ -243,6 +306,15 @@ pub(super) fn check_config(s: &Settings) -> Result<(), CliError> {
         s.retry.max_attempts
     );
     say!("http: listen={}", s.http.listen);
+    match &s.console {
+        Some(c) => say!(
+            "console: listen={} token=*** show_payloads={} mask_recipients={}",
+            c.listen,
+            c.show_payloads,
+            c.mask_recipients
+        ),
+        None => say!("console: off"),
+    }
     for (name, spec) in &s.sinks {
         let retry = spec.common.retry_policy(&s.retry);
         say!(
@@ -257,5 +329,105 @@ pub(super) fn check_config(s: &Settings) -> Result<(), CliError> {
             retry.max_attempts
         );
     }
+    if s.table.is_mapped() {
+        check_table(s).await?;
+    }
     Ok(())
+}
+
+/// With `lease.backend = "shedlock"`: creates the ShedLock table with ShedLock's schema if it
+/// is missing (a Java application's existing table is never altered).
+pub(super) async fn ensure_shedlock_table(
+    settings: &Settings,
+    store: &SqlStore,
+) -> anyhow::Result<()> {
+    if settings.lease.backend != crate::config::LeaseBackend::Shedlock {
+        return Ok(());
+    }
+    let table = &settings.lease.shedlock_table;
+    if store.create_shedlock_table(table).await? {
+        tracing::info!(table = %table, "created the ShedLock table (lease.shedlock_table)");
+    }
+    Ok(())
+}
+
+/// `status` with a lock shared with a Java poller: who holds it now (the relay's holders are
+/// `<instance_id>#...`; anything else is the poller).
+async fn java_lock_status(settings: &Settings, store: &SqlStore) -> Result<(), CliError> {
+    let l = &settings.lease;
+    match l.backend {
+        crate::config::LeaseBackend::Shedlock => {
+            let sl = store::ShedLockTable::new(
+                &l.shedlock_table,
+                l.shedlock_utc_offset_minutes().unwrap_or_default(),
+            );
+            match store.shedlock_holder(&sl, &l.name).await {
+                Ok(Some((by, ms))) if ms > 0 => say!(
+                    "shedlock {} row {}: held by {by} for {:.1}s more",
+                    l.shedlock_table,
+                    l.name,
+                    ms as f64 / 1000.0
+                ),
+                Ok(Some((by, _))) => say!(
+                    "shedlock {} row {}: free (last held by {by})",
+                    l.shedlock_table,
+                    l.name
+                ),
+                Ok(None) => say!("shedlock {} row {}: never taken", l.shedlock_table, l.name),
+                // A missing table is worth a line, not a failed `status`.
+                Err(e) => say!("shedlock {}: cannot read: {e}", l.shedlock_table),
+            }
+        }
+        crate::config::LeaseBackend::MysqlGetLock => match store.get_lock_holder(&l.name).await {
+            Ok(Some(id)) => say!("GET_LOCK {}: held by connection {id}", l.name),
+            Ok(None) => say!("GET_LOCK {}: free", l.name),
+            Err(e) => say!("GET_LOCK {}: cannot read: {e}", l.name),
+        },
+        crate::config::LeaseBackend::Redisson => say!(
+            "redisson lock {}: kept in Redis (redis-cli HGETALL {} shows the holder's \
+             <uuid>:<thread id>)",
+            l.name,
+            l.name
+        ),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `check-config` on a mapped table: the mapping against the live table, when the database
+/// is reachable (a configuration can be checked without it).
+async fn check_table(s: &Settings) -> Result<(), CliError> {
+    let cols = store::Columns::from_settings(&s.table);
+    say!("table: {} (mapped: {})", s.database.table, cols.describe());
+    let db = &s.database;
+    let connected =
+        store::connect_mapped(db.url.expose(), &db.table, &s.table, 1, db.connect_timeout).await;
+    let store = match connected {
+        Ok(store) => store,
+        Err(e) => {
+            say!(
+                "table not checked: database {} unreachable ({e})",
+                s.database_url_redacted()
+            );
+            return Ok(());
+        }
+    };
+    let problems = store.check_table().await?;
+    if problems.is_empty() {
+        say!(
+            "table {}: every mapped column is present and usable",
+            db.table
+        );
+        return Ok(());
+    }
+    Err(CliError::Usage(table_problems(&db.table, &problems)))
+}
+
+/// The message for a table the relay cannot run on (`check-config`, and `run` refuses with it).
+pub(super) fn table_problems(table: &str, problems: &[store::Problem]) -> String {
+    let lines: Vec<String> = problems.iter().map(|p| format!("  {p}")).collect();
+    format!(
+        "table {table} does not match the [table] mapping:\n{}",
+        lines.join("\n")
+    )
 }

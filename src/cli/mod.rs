@@ -30,8 +30,18 @@ pub struct Cli {
 pub enum Command {
     /// Run the relay: claim due rows and deliver them until SIGTERM/SIGINT.
     Run,
-    /// Create or upgrade the outbox and lease tables (idempotent).
-    Migrate,
+    /// Create or upgrade the outbox and lease tables (idempotent). On a table mapped by
+    /// [table], only the lease table: use --adopt to add the relay's columns to it.
+    Migrate {
+        /// On an existing table mapped by [table]: add the relay's bookkeeping columns and
+        /// the indexes claims need (never changes existing columns or rows), printing each
+        /// statement first.
+        #[arg(long)]
+        adopt: bool,
+        /// With --adopt: print the statements without running them.
+        #[arg(long, requires = "adopt")]
+        dry_run: bool,
+    },
     /// Insert one row into the outbox (for trying things out and for scripts).
     Enqueue {
         /// The sink to deliver to (a key of [sinks]).
@@ -164,7 +174,7 @@ pub async fn execute(cli: Cli) -> Result<(), CliError> {
     SinkSpec::all(&settings)?;
     match cli.command {
         Command::Run => run::run(settings).await,
-        Command::Migrate => admin::migrate(&settings).await,
+        Command::Migrate { adopt, dry_run } => admin::migrate(&settings, adopt, dry_run).await,
         Command::Enqueue {
             channel,
             recipient,
@@ -180,6 +190,6 @@ pub async fn execute(cli: Cli) -> Result<(), CliError> {
             dry_run,
         } => admin::requeue(&settings, id, all_failed, channel, dry_run).await,
         Command::Purge { older_than, status } => admin::purge(&settings, older_than, status).await,
-        Command::CheckConfig => admin::check_config(&settings),
+        Command::CheckConfig => admin::check_config(&settings).await,
     }
 }

@@ -11,11 +11,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::CliError;
 use crate::config::{LeaseBackend, Mode, Settings};
+use crate::console;
 use crate::housekeeping;
-use crate::lease::{DatabaseLease, Keeper, Lease, RedisLease, RedlockLease};
+use crate::lease::{
+    DatabaseLease, GetLockLease, Keeper, Lease, RedisLease, RedissonLease, RedlockLease,
+    ShedLockLease,
+};
 use crate::relay::Relay;
 use crate::sink::SinkRegistry;
-use crate::store::{self, Dialect, SqlStore};
+use crate::store::{self, Dialect, ShedLockTable, SqlStore};
 use crate::telemetry::{self, Health};
 
 pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
@@ -36,7 +40,7 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     if !settings.http.listen.is_empty() {
         let addr = telemetry::serve(
             &settings.http.listen,
-            prom,
+            prom.clone(),
             health.clone(),
             store_cell.clone(),
             lease_cell.clone(),
@@ -53,8 +57,23 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     let _ = store_cell.set(store.clone());
     health.set_database(true);
 
+    // The console starts once the database is connected (every page reads it) and stops with
+    // the HTTP server, after the relay has drained.
+    if settings.console.is_some() {
+        let addr = console::serve(
+            &settings,
+            store.clone(),
+            sinks.clone(),
+            Some(prom),
+            http_stop.clone(),
+        )
+        .await?;
+        tracing::info!(%addr, "serving the console");
+    }
+
     let wake = Arc::new(Notify::new());
-    if store.dialect() == Dialect::Postgres && settings.database.listen {
+    // A mapped table has the NOTIFY trigger only if `table.notify_trigger` installed it.
+    if store.dialect() == Dialect::Postgres && settings.database.listen && store.columns().notify {
         tokio::spawn(store::listen(
             settings.database.url.expose().to_string(),
             settings.database.table.clone(),
@@ -78,18 +97,38 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
             &settings.relay.instance_id,
             l.ttl,
         ))),
-        (Mode::Leader, LeaseBackend::Redis) => {
+        (Mode::Leader, LeaseBackend::Redis | LeaseBackend::Redisson) => {
             let url = l.redis_url.as_ref().map(|u| u.expose()).unwrap_or_default();
-            let lease = RedisLease::connect(
-                url,
-                &l.name,
-                &settings.relay.instance_id,
-                l.ttl,
-                l.renew_timeout,
-            )
-            .map_err(|e| CliError::Usage(e.to_string()))?;
-            Some(Arc::new(lease))
+            let id = &settings.relay.instance_id;
+            let usage = |e: anyhow::Error| CliError::Usage(e.to_string());
+            let lease: Arc<dyn Lease> = if l.backend == LeaseBackend::Redis {
+                Arc::new(
+                    RedisLease::connect(url, &l.name, id, l.ttl, l.renew_timeout).map_err(usage)?,
+                )
+            } else {
+                Arc::new(
+                    RedissonLease::connect(url, &l.name, id, l.ttl, l.renew_timeout)
+                        .map_err(usage)?,
+                )
+            };
+            Some(lease)
         }
+        (Mode::Leader, LeaseBackend::Shedlock) => Some(Arc::new(ShedLockLease::new(
+            store.clone(),
+            ShedLockTable::new(
+                &l.shedlock_table,
+                l.shedlock_utc_offset_minutes().unwrap_or_default(),
+            ),
+            &l.name,
+            &settings.relay.instance_id,
+            l.ttl,
+        ))),
+        (Mode::Leader, LeaseBackend::MysqlGetLock) => Some(Arc::new(GetLockLease::new(
+            store.clone(),
+            &l.name,
+            &settings.relay.instance_id,
+            l.ttl,
+        ))),
         (Mode::Leader, LeaseBackend::Redlock) => {
             let urls: Vec<&str> = l.redlock_urls.iter().map(|u| u.expose()).collect();
             let lease = RedlockLease::connect(
@@ -155,24 +194,34 @@ async fn connect(
     let mut wait = Duration::from_millis(500);
     loop {
         let attempt = async {
-            let store = store::connect(
+            let store = store::connect_mapped(
                 db.url.expose(),
                 &db.table,
+                &settings.table,
                 db.max_connections,
                 db.connect_timeout,
             )
             .await?;
             if db.migrate {
                 store.migrate().await?;
+                super::admin::ensure_shedlock_table(settings, &store).await?;
             }
-            anyhow::Ok(store)
+            let problems = store.check_table().await?;
+            anyhow::Ok((store, problems))
         };
         let attempt = tokio::select! {
             r = attempt => r,
             _ = shutdown.cancelled() => return Ok(None),
         };
         match attempt {
-            Ok(store) => {
+            // A mapped table without the columns the relay needs is a configuration problem:
+            // retrying will not fix it.
+            Ok((_, problems)) if !problems.is_empty() => {
+                let message = super::admin::table_problems(&db.table, &problems);
+                tracing::error!(%message, "refusing to start");
+                return Err(CliError::Usage(message));
+            }
+            Ok((store, _)) => {
                 tracing::info!(
                     database = %settings.database_url_redacted(),
                     dialect = store.dialect().name(),

@@ -33,13 +33,13 @@ impl ConfigError {
                 expected,
                 ..
             } => ConfigError::new(
-                join(prefix, key.as_deref()),
+                or_file(&join(prefix, key.as_deref())),
                 format!("invalid type: {unexpected}, expected {expected}"),
             ),
             E::NotFound(key) => ConfigError::new(or_file(prefix), format!("missing key `{key}`")),
             E::Message(text) => match unknown_field(text) {
                 Some((field, expected)) => ConfigError::new(
-                    join(prefix, Some(field)),
+                    or_file(&join(prefix, Some(field))),
                     format!("unknown key; {expected}"),
                 ),
                 None => ConfigError::new(or_file(prefix), text.clone()),
@@ -70,7 +70,13 @@ fn or_file(prefix: &str) -> String {
 /// serde's "unknown field `x`, expected one of `a`, `b`": (`x`, "expected one of ...").
 fn unknown_field(text: &str) -> Option<(&str, &str)> {
     let rest = text.strip_prefix("unknown field `")?;
-    let end = rest.find('`')?;
+    // The name can hold a backtick itself (an environment variable can be called anything):
+    // it ends where serde's own words start.
+    let end = ["`, expected", "`, there are no fields"]
+        .iter()
+        .filter_map(|m| rest.find(m))
+        .min()
+        .or_else(|| rest.find('`'))?;
     let expected = rest[end..]
         .find("expected")
         .map_or("", |i| &rest[end + i..]);
@@ -121,6 +127,22 @@ mod tests {
             (ours.key.as_str(), ours.problem.as_str()),
             ("sinks.hook", "missing field `url`")
         );
+        assert_eq!(ConfigError::within("", &m).key, "configuration");
+    }
+
+    #[test]
+    fn a_key_with_a_backtick_is_still_named() {
+        // Found by the `config` fuzz target: OUTBOX_RELAY__`INKS__HOOK__URL gave an empty key.
+        let m = config::ConfigError::Message(
+            "unknown field ``inks`, expected one of `relay`, `sinks`".into(),
+        );
+        let ours = ConfigError::within("", &m);
+        assert_eq!(ours.key, "`inks");
+        assert_eq!(
+            ours.problem,
+            "unknown key; expected one of `relay`, `sinks`"
+        );
+        let m = config::ConfigError::Message("unknown field ``, there are no fields".into());
         assert_eq!(ConfigError::within("", &m).key, "configuration");
     }
 }

@@ -12,6 +12,7 @@ pub mod duration;
 mod error;
 mod secret;
 mod sinks;
+mod table;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,9 @@ use serde::Deserialize;
 pub use error::ConfigError;
 pub use secret::{Secret, redact_url};
 pub use sinks::{SinkCommon, SinkSettings};
+pub use table::{
+    Code, Codes, ColumnSettings, PayloadValue, RESERVED, StatusSettings, TableSettings, sql_string,
+};
 pub use validate::CLAIM_MARGIN;
 
 /// The environment prefix: `OUTBOX_RELAY__DATABASE__URL` sets `database.url`.
@@ -40,6 +44,10 @@ pub struct Settings {
     pub http: HttpSettings,
     pub log: LogSettings,
     pub retention: RetentionSettings,
+    /// `[console]`: the operator console; `None` unless configured and enabled.
+    pub console: Option<ConsoleSettings>,
+    /// `[table]`: how an existing table's columns map to the relay's (empty: the relay's own).
+    pub table: TableSettings,
     /// Sinks by name; a row's `channel` names one of them. Their kind's own keys are parsed
     /// by the sink module (`sink::SinkSpec::parse`).
     pub sinks: BTreeMap<String, SinkSettings>,
@@ -153,8 +161,28 @@ pub enum LeaseBackend {
     Redis,
     /// The same on several independent Redis nodes.
     Redlock,
+    /// The hash of a Redisson `RLock` of the same name, so the relay and a Java poller guarded
+    /// by that lock exclude each other (src/lease/redisson.rs).
+    Redisson,
+    /// The row of a ShedLock table in the relay's own database (src/lease/shedlock.rs).
+    Shedlock,
+    /// `GET_LOCK(name, 0)` on a dedicated MySQL/MariaDB connection (src/lease/get_lock.rs).
+    #[serde(rename = "mysql-get-lock")]
+    MysqlGetLock,
     /// No coordination: a single instance.
     None,
+}
+
+impl LeaseBackend {
+    /// The backend's name in the configuration, for the locks shared with Java pollers.
+    pub fn java_lock(self) -> Option<&'static str> {
+        match self {
+            LeaseBackend::Redisson => Some("redisson"),
+            LeaseBackend::Shedlock => Some("shedlock"),
+            LeaseBackend::MysqlGetLock => Some("mysql-get-lock"),
+            _ => None,
+        }
+    }
 }
 
 /// `[lease]`: leader election for `relay.mode = "leader"`.
@@ -174,6 +202,34 @@ pub struct LeaseSettings {
     /// A TOML array; in the environment (where every value is a string), comma-separated.
     #[serde(deserialize_with = "secret_list")]
     pub redlock_urls: Vec<Secret>,
+    /// The ShedLock table (`lease.backend = "shedlock"`), in the outbox database.
+    pub shedlock_table: String,
+    /// The zone of the times in the ShedLock table: `UTC` (the Java side uses `usingDbTime()`
+    /// or `withTimeZone(UTC)`), or the fixed offset of the JVM's zone (`+09:00`) when it
+    /// writes its local time.
+    pub shedlock_time_zone: String,
+}
+
+impl LeaseSettings {
+    /// `shedlock_time_zone` as minutes east of UTC: `UTC`/`Z`/`+00:00`, or `+HH:MM`/`-HH:MM`
+    /// (at most 14 hours). `None` when it is neither.
+    pub fn shedlock_utc_offset_minutes(&self) -> Option<i32> {
+        let z = self.shedlock_time_zone.trim();
+        if z.eq_ignore_ascii_case("utc") || z == "Z" {
+            return Some(0);
+        }
+        let (sign, rest) = match z.as_bytes().first() {
+            Some(b'+') => (1, &z[1..]),
+            Some(b'-') => (-1, &z[1..]),
+            _ => return None,
+        };
+        let (h, m) = rest.split_once(':')?;
+        if h.len() != 2 || m.len() != 2 {
+            return None;
+        }
+        let (h, m): (i32, i32) = (h.parse().ok()?, m.parse().ok()?);
+        (h <= 14 && m < 60 && h * 60 + m <= 14 * 60).then_some(sign * (h * 60 + m))
+    }
 }
 
 /// A list of secrets from a TOML array or from one comma-separated string: the environment
@@ -206,6 +262,8 @@ impl Default for LeaseSettings {
             renew_timeout: Duration::from_secs(1),
             redis_url: None,
             redlock_urls: Vec::new(),
+            shedlock_table: "shedlock".to_string(),
+            shedlock_time_zone: "UTC".to_string(),
         }
     }
 }
@@ -286,6 +344,43 @@ pub struct RetentionSettings {
     pub failed_after: Option<Duration>,
 }
 
+/// `[console]`: the operator console (off unless this section is present and `enabled` is not
+/// false). Its token is a secret: read from `token`, `token_file` or
+/// `OUTBOX_RELAY__CONSOLE__TOKEN`, never shown.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleSettings {
+    /// True by default once the section exists; `false` turns the console off.
+    pub enabled: bool,
+    /// `host:port`, separate from `http.listen` (which Kubernetes exposes to Prometheus).
+    pub listen: String,
+    /// The operator token (at least [`CONSOLE_TOKEN_MIN`] characters).
+    pub token: Secret,
+    /// A file holding the token (a mounted Kubernetes Secret); surrounding whitespace is
+    /// ignored. Exclusive with `token`.
+    pub token_file: Option<PathBuf>,
+    /// Show row payloads on the row page (they may hold personal data).
+    pub show_payloads: bool,
+    /// Show only the last 4 characters of recipients (phone numbers, device tokens).
+    pub mask_recipients: bool,
+}
+
+/// The shortest console token accepted: a guessable token would open the console.
+pub const CONSOLE_TOKEN_MIN: usize = 16;
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        ConsoleSettings {
+            enabled: true,
+            listen: "127.0.0.1:9091".into(),
+            token: Secret::default(),
+            token_file: None,
+            show_payloads: false,
+            mask_recipients: true,
+        }
+    }
+}
+
 /// The file's shape before validation: sink tables stay raw until their kind is known.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -297,6 +392,8 @@ struct RawSettings {
     http: HttpSettings,
     log: LogSettings,
     retention: RetentionSettings,
+    console: Option<ConsoleSettings>,
+    table: TableSettings,
     sinks: BTreeMap<String, config::Value>,
 }
 
@@ -385,8 +482,22 @@ impl Settings {
         }
         let mut lease = raw.lease;
         if lease.name.is_empty() {
+            if let Some(b) = lease.backend.java_lock() {
+                // A default name would be a lock the Java poller never takes: both would send.
+                return Err(ConfigError::new(
+                    "lease.name",
+                    format!(
+                        "is required with lease.backend = \"{b}\": set it to the lock name the \
+                         Java poller uses, so that the two exclude each other"
+                    ),
+                ));
+            }
             lease.name = default_lease_name(&raw.database.table);
         }
+        let console = match raw.console {
+            Some(c) if c.enabled => Some(read_console_token(c)?),
+            _ => None,
+        };
         let settings = Settings {
             relay: raw.relay,
             database: raw.database,
@@ -395,6 +506,8 @@ impl Settings {
             http: raw.http,
             log: raw.log,
             retention: raw.retention,
+            console,
+            table: raw.table,
             sinks,
             source: file,
         };
@@ -406,6 +519,28 @@ impl Settings {
     pub fn database_url_redacted(&self) -> String {
         redact_url(self.database.url.expose())
     }
+}
+
+/// Fills `token` from `token_file` when that is set (exclusive with `token`). Surrounding
+/// whitespace is dropped wherever the token comes from, as the login form drops it too.
+fn read_console_token(mut c: ConsoleSettings) -> Result<ConsoleSettings, ConfigError> {
+    c.token = Secret::new(c.token.expose().trim());
+    if let Some(path) = &c.token_file {
+        if !c.token.is_empty() {
+            return Err(ConfigError::new(
+                "console.token_file",
+                "set either console.token (or OUTBOX_RELAY__CONSOLE__TOKEN) or console.token_file, not both",
+            ));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(
+                "console.token_file",
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        c.token = Secret::new(text.trim());
+    }
+    Ok(c)
 }
 
 /// The config crate's error as ours: keyed where the error has a key, else the file.

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::duration::format;
-use super::{ConfigError, LeaseBackend, RetrySettings, Secret, Settings};
+use super::{CONSOLE_TOKEN_MIN, ConfigError, LeaseBackend, RetrySettings, Secret, Settings};
 
 /// The least time a claim must outlive the longest sink timeout: covers the claim round trip,
 /// the result write and clock drift between the relay and the database.
@@ -78,6 +78,8 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
         ));
     }
 
+    s.table.validate()?;
+
     let l = &s.lease;
     if l.name.is_empty() || l.name.len() > 200 {
         return Err(ConfigError::new(
@@ -100,11 +102,11 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
         ));
     }
     match l.backend {
-        LeaseBackend::Redis => match &l.redis_url {
+        LeaseBackend::Redis | LeaseBackend::Redisson => match &l.redis_url {
             None => {
                 return Err(ConfigError::new(
                     "lease.redis_url",
-                    "is required with lease.backend = \"redis\" (redis://[user:pw@]host:6379 or rediss://)",
+                    "is required with lease.backend = \"redis\" or \"redisson\" (redis://[user:pw@]host:6379 or rediss://)",
                 ));
             }
             Some(url)
@@ -119,6 +121,45 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
             Some(_) => {}
         },
         LeaseBackend::Redlock => validate_redlock_urls(&l.redlock_urls)?,
+        LeaseBackend::Shedlock => {
+            validate_java_lock_name("shedlock", &l.name)?;
+            if l.shedlock_utc_offset_minutes().is_none() {
+                return Err(ConfigError::new(
+                    "lease.shedlock_time_zone",
+                    format!(
+                        "\"{}\" is not UTC or a fixed offset like +09:00: the zone of the times \
+                         the Java side writes (UTC with ShedLock's usingDbTime(), else its JVM's \
+                         zone)",
+                        l.shedlock_time_zone
+                    ),
+                ));
+            }
+            if !l.shedlock_table.split('.').all(is_identifier)
+                || l.shedlock_table.split('.').count() > 2
+            {
+                return Err(ConfigError::new(
+                    "lease.shedlock_table",
+                    format!(
+                        "\"{}\" is not a plain SQL identifier (letters, digits, _; optionally \
+                         schema.table)",
+                        l.shedlock_table
+                    ),
+                ));
+            }
+        }
+        LeaseBackend::MysqlGetLock => {
+            if !["mysql", "mariadb"].contains(&scheme) {
+                return Err(ConfigError::new(
+                    "lease.backend",
+                    format!(
+                        "\"mysql-get-lock\" needs a MySQL or MariaDB database (GET_LOCK is theirs), \
+                         but database.url is {scheme}://; use \"database\", \"shedlock\", \"redis\" \
+                         or \"redisson\" instead"
+                    ),
+                ));
+            }
+            validate_java_lock_name("mysql-get-lock", &l.name)?;
+        }
         LeaseBackend::Database | LeaseBackend::None => {}
     }
 
@@ -139,12 +180,49 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
             ),
         ));
     }
+    if let Some(c) = &s.console {
+        validate_console(c, &s.http.listen)?;
+        // The console's overview and row pages read the relay's own columns; refusing is
+        // clearer than pages that fail on a mapped table. (The CLI verbs do follow [table].)
+        if s.table.is_mapped() {
+            return Err(ConfigError::new(
+                "console",
+                "is not available with a mapped table ([table]) yet: use the CLI verbs                  (status, failed, requeue, purge), which follow the mapping",
+            ));
+        }
+    }
     if tracing_subscriber::EnvFilter::try_new(&s.log.level).is_err() {
         return Err(ConfigError::new(
             "log.level",
             format!(
                 "\"{}\" is not a level or filter (e.g. info, debug)",
                 s.log.level
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `lease.name` for the locks shared with Java pollers: ShedLock's `name` column is
+/// `VARCHAR(64)`, and MySQL/MariaDB refuse a `GET_LOCK` name over 64 characters. The name must
+/// be exactly the one the Java side uses, so it is refused rather than shortened.
+fn validate_java_lock_name(backend: &str, name: &str) -> Result<(), ConfigError> {
+    if name.chars().count() > 64 {
+        return Err(ConfigError::new(
+            "lease.name",
+            format!(
+                "is {} characters; lease.backend = \"{backend}\" allows at most 64 (set it to the \
+                 lock name the Java poller uses)",
+                name.chars().count()
+            ),
+        ));
+    }
+    if name.trim() != name || name.chars().any(char::is_control) {
+        return Err(ConfigError::new(
+            "lease.name",
+            format!(
+                "must not start or end with spaces or hold control characters with \
+                 lease.backend = \"{backend}\""
             ),
         ));
     }
@@ -181,6 +259,46 @@ fn validate_redlock_urls(urls: &[Secret]) -> Result<(), ConfigError> {
                 format!("entries {j} and {i} are the same URL: Redlock needs independent nodes"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `[console]`: a usable address of its own and a token long enough not to be guessed.
+fn validate_console(c: &super::ConsoleSettings, http_listen: &str) -> Result<(), ConfigError> {
+    let Ok(addr) = c.listen.parse::<SocketAddr>() else {
+        return Err(ConfigError::new(
+            "console.listen",
+            format!("\"{}\" is not host:port (e.g. 127.0.0.1:9091)", c.listen),
+        ));
+    };
+    if http_listen
+        .parse::<SocketAddr>()
+        .is_ok_and(|h| h == addr && h.port() != 0)
+    {
+        return Err(ConfigError::new(
+            "console.listen",
+            format!(
+                "{addr} is also http.listen: the console needs its own address (the metrics \
+                 port is often exposed to Prometheus)"
+            ),
+        ));
+    }
+    let n = c.token.expose().chars().count();
+    if n == 0 {
+        return Err(ConfigError::new(
+            "console.token",
+            "is required when the console is on (or set console.token_file, or \
+             OUTBOX_RELAY__CONSOLE__TOKEN); e.g. `openssl rand -hex 24`",
+        ));
+    }
+    if n < CONSOLE_TOKEN_MIN {
+        return Err(ConfigError::new(
+            "console.token",
+            format!(
+                "is too short ({n} characters): use at least {CONSOLE_TOKEN_MIN}, e.g. \
+                 `openssl rand -hex 24`"
+            ),
+        ));
     }
     Ok(())
 }

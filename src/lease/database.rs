@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Grant, Held, Lease, holder_token};
+use super::{Grant, Held, Lease, holder_token, poll_every};
 use crate::BoxFuture;
 use crate::store::LeaseTable;
 
@@ -99,10 +99,8 @@ impl Lease for DatabaseLease {
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
-        // Standbys poll the row; a fraction of the ttl keeps hand-off after a release quick
-        // at the cost of one cheap UPDATE per poll.
-        let poll = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        Box::pin(tokio::time::sleep(poll.min(max)))
+        // Standbys poll the row.
+        Box::pin(tokio::time::sleep(poll_every(self.ttl).min(max)))
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {

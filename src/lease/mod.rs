@@ -15,8 +15,11 @@
 //! - on shutdown the watchdog stops *before* the release is sent.
 
 mod database;
+mod get_lock;
 mod redis;
+mod redisson;
 mod redlock;
+mod shedlock;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,8 +30,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use database::DatabaseLease;
+pub use get_lock::GetLockLease;
 pub use redis::RedisLease;
+pub use redisson::{RedissonLease, UNLOCK_MESSAGE, channel_name as redisson_channel};
 pub use redlock::RedlockLease;
+pub use shedlock::ShedLockLease;
 
 use crate::BoxFuture;
 use crate::store::{Fence, LeaseTable};
@@ -65,6 +71,12 @@ pub trait Lease: Send + Sync {
     /// Resolves when the backend's connection is next re-established (the hold may have
     /// lapsed meanwhile, unseen). Never, for backends without a connection of their own.
     fn reconnected(&self) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
+    /// While held: resolves as soon as the backend itself learns that the hold is gone,
+    /// between renewals (a named lock whose session died is released by the server at that
+    /// moment, not at a ttl). Never, for backends that only learn it by renewing.
+    fn lost(&self) -> BoxFuture<'_, ()> {
         Box::pin(std::future::pending())
     }
 }
@@ -143,9 +155,22 @@ pub(crate) fn holder_token(instance_id: &str) -> String {
     format!("{instance_id}#{}", crate::random_token())
 }
 
+/// How often a standby of a backend without wake-ups (a database row, a named lock) tries
+/// again: a tenth of the ttl, 50 ms to 1 s, so a release is taken over well within one renewal
+/// interval at the cost of one cheap statement per try.
+pub(crate) fn poll_every(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
 /// The drift allowance subtracted from every grant: `ttl * 1% + 2ms` (as Redlock does).
 pub fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
+}
+
+/// Until when a grant or renewal sent at `sent_at` may be relied on: `sent_at + ttl -
+/// drift(ttl)`, strictly before the backend can forget it (the drift is never zero).
+pub fn deadline(sent_at: Instant, ttl: Duration) -> Instant {
+    sent_at + ttl - drift(ttl)
 }
 
 /// Drives a [`Lease`]: acquisition, epoch bump, watchdog renewals, release on shutdown.
@@ -228,19 +253,36 @@ async fn run(
             }
         };
         failures = 0;
+        let mut deadline = self::deadline(grant.sent_at, ttl);
+        // The epoch is bumped only while the grant is still ours: a bump that landed after
+        // our hold ran out (say, after waiting for a database connection) would come after
+        // the next holder's bump and fence that holder out for as long as it renews (found by
+        // the chaos run: a whole cluster stalled). So the bump is abandoned at the deadline.
         let epoch = match grant.epoch {
             Some(e) => e,
-            None => match store.advance_epoch(lease.name(), &lease.holder()).await {
-                Ok(e) => e,
-                Err(e) => {
+            None => match tokio::time::timeout_at(
+                deadline,
+                store.advance_epoch(lease.name(), &lease.holder()),
+            )
+            .await
+            {
+                Ok(Ok(e)) => e,
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, "could not record the lease epoch; giving the lease back");
                     let _ = lease.release().await;
                     backoff(&stop, 1, ttl / 3).await;
                     continue;
                 }
+                Err(_) => {
+                    tracing::warn!(
+                        lease = lease.name(),
+                        "the lease epoch was not recorded before the grant ran out; giving the lease back"
+                    );
+                    let _ = lease.release().await;
+                    continue;
+                }
             },
         };
-        let mut deadline = grant.sent_at + ttl - drift(ttl);
         if Instant::now() >= deadline {
             tracing::warn!(
                 lease = lease.name(),
@@ -260,6 +302,7 @@ async fn run(
             tokio::select! {
                 _ = stop.cancelled() => break None,
                 _ = tokio::time::sleep_until(next.min(deadline)) => {}
+                _ = lease.lost() => break Some("the backend reported the hold gone"),
                 _ = lease.reconnected() => {
                     // The backend's connection was re-established: whether the hold survived
                     // is unknown until a renewal confirms it; claim nothing new until then.
@@ -274,7 +317,7 @@ async fn run(
             match tokio::time::timeout(renew_timeout, lease.renew()).await {
                 Ok(Ok(true)) => {
                     metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "ok").increment(1);
-                    deadline = sent + ttl - drift(ttl);
+                    deadline = self::deadline(sent, ttl);
                     next = sent + ttl / 3;
                     publish(&tx, held(epoch, deadline, true));
                 }
@@ -338,3 +381,6 @@ async fn backoff(stop: &CancellationToken, failures: u32, cap: Duration) {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod props;

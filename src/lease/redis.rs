@@ -68,63 +68,21 @@ pub(super) struct RedisNode {
 }
 
 impl RedisNode {
-    /// Builds the clients for `url` and starts connecting in the background (a server that is
-    /// down is retried for ever). `what` names the setting in errors (never the URL: it may
-    /// hold a password). Each command times out after `command_timeout`; fred then also drops
-    /// it from its queue, so a command that waited out a disconnection is never sent late.
-    /// With `fail_fast`, commands fail at once while the connection is down.
+    /// The node's [`Connections`] to `url` (`what` names the setting in errors), subscribed to
+    /// `<name>:released`. With `fail_fast`, commands fail at once while the connection is down.
     pub(super) fn connect(
         url: &str,
         what: &str,
         name: &str,
-        (command_timeout, connect_timeout): (Duration, Duration),
+        timeouts: (Duration, Duration),
         fail_fast: bool,
     ) -> anyhow::Result<RedisNode> {
-        let config = Config::from_url(url).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
-        let mut builder = Builder::from_config(config);
-        builder
-            .with_connection_config(|c| {
-                c.connection_timeout = connect_timeout;
-                c.internal_command_timeout = command_timeout;
-                // Never re-send a lease command on reconnect: it may already have run.
-                c.max_command_attempts = 1;
-            })
-            .with_performance_config(|p| p.default_command_timeout = command_timeout)
-            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
-        let client = builder.build()?;
-        let subscriber = builder.build_subscriber_client()?;
-        client.on_error(|(e, server)| async move {
-            tracing::warn!(server = ?server, error = %e, "redis connection error");
-            Ok(())
-        });
-        let reconnections = watch::Sender::new(0u64);
-        let counter = reconnections.clone();
-        client.on_reconnect(move |server| {
-            let counter = counter.clone();
-            async move {
-                tracing::info!(server = %server, "redis connection re-established");
-                counter.send_modify(|n| *n += 1);
-                Ok(())
-            }
-        });
-        client.connect();
-        subscriber.connect();
-        let _resubscribe = subscriber.manage_subscriptions();
         let channel = format!("{name}:released");
-        let sub = subscriber.clone();
-        let ch = channel.clone();
-        tokio::spawn(async move {
-            // Subscribe once connected; manage_subscriptions re-subscribes after reconnects.
-            loop {
-                match sub.subscribe(ch.as_str()).await {
-                    Ok(()) => return,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "subscribing to the release channel failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            }
-        });
+        let Connections {
+            client,
+            subscriber,
+            reconnections,
+        } = Connections::open(url, what, timeouts, &channel)?;
         Ok(RedisNode {
             client,
             subscriber,
@@ -148,10 +106,7 @@ impl RedisNode {
 
     /// Resolves at the next re-established connection.
     pub(super) async fn reconnected(&self) {
-        let mut rx = self.reconnections.subscribe();
-        if rx.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        next_reconnection(&self.reconnections).await
     }
 
     /// `<key>:released`.
@@ -225,6 +180,89 @@ impl RedisNode {
         self.check()?;
         let _: String = self.client.ping(None).await?;
         Ok(())
+    }
+}
+
+/// The two connections of a Redis-based lease: one for commands, and one subscribed to the
+/// lease's wake-up channel (pub/sub needs a connection of its own).
+pub(super) struct Connections {
+    pub(super) client: Client,
+    pub(super) subscriber: SubscriberClient,
+    /// Counts re-established command connections (see [`next_reconnection`]).
+    pub(super) reconnections: watch::Sender<u64>,
+}
+
+impl Connections {
+    /// Builds the clients for `url` and starts connecting in the background (a server that is
+    /// down is retried for ever), subscribing to `channel` once connected. `what` names the
+    /// setting in errors (never the URL: it may hold a password). Each command times out after
+    /// `command_timeout`; fred then also drops it from its queue, so a command that waited out
+    /// a disconnection is never sent late.
+    pub(super) fn open(
+        url: &str,
+        what: &str,
+        (command_timeout, connect_timeout): (Duration, Duration),
+        channel: &str,
+    ) -> anyhow::Result<Connections> {
+        let config = Config::from_url(url).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        let mut builder = Builder::from_config(config);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = connect_timeout;
+                c.internal_command_timeout = command_timeout;
+                // Never re-send a lease command on reconnect: it may already have run.
+                c.max_command_attempts = 1;
+            })
+            .with_performance_config(|p| p.default_command_timeout = command_timeout)
+            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+        let client = builder.build()?;
+        let subscriber = builder.build_subscriber_client()?;
+        client.on_error(|(e, server)| async move {
+            tracing::warn!(server = ?server, error = %e, "redis connection error");
+            Ok(())
+        });
+        let reconnections = watch::Sender::new(0u64);
+        let counter = reconnections.clone();
+        client.on_reconnect(move |server| {
+            let counter = counter.clone();
+            async move {
+                tracing::info!(server = %server, "redis connection re-established");
+                counter.send_modify(|n| *n += 1);
+                Ok(())
+            }
+        });
+        client.connect();
+        subscriber.connect();
+        let _resubscribe = subscriber.manage_subscriptions();
+        let sub = subscriber.clone();
+        let ch = channel.to_string();
+        tokio::spawn(async move {
+            // Subscribe once connected; manage_subscriptions re-subscribes after reconnects.
+            loop {
+                match sub.subscribe(ch.as_str()).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "subscribing to the release channel failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        Ok(Connections {
+            client,
+            subscriber,
+            reconnections,
+        })
+    }
+}
+
+/// Resolves at the next re-established connection counted by `reconnections` (one that
+/// happened before the wait began is not reported: a reconnection while standing by says
+/// nothing about a hold taken later).
+pub(super) async fn next_reconnection(reconnections: &watch::Sender<u64>) {
+    let mut rx = reconnections.subscribe();
+    if rx.changed().await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
@@ -318,37 +356,48 @@ impl Lease for RedisLease {
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(async move {
-            // Listen first, then look: a release between the two is still seen.
-            let mut rx = self.node.message_rx();
-            let pttl: i64 = match self.node.pttl().await {
-                Ok(ms) => ms,
-                Err(e) => {
-                    tracing::debug!(error = %e, "PTTL failed");
-                    tokio::time::sleep(max.min(Duration::from_millis(500))).await;
-                    return;
-                }
-            };
-            let wait = match pttl {
-                -2 => return, // no key: try at once
-                -1 => max,    // a key without expiry (a foreign client): poll
-                ms => Duration::from_millis(ms.max(0) as u64 + 1).min(max),
-            };
-            let until = Instant::now() + wait;
-            loop {
-                tokio::select! {
-                    m = rx.recv() => match m {
-                        Ok(m) if *m.channel == *self.node.channel => return,
-                        Ok(_) => {}
-                        Err(_) => return,
-                    },
-                    _ = tokio::time::sleep_until(until) => return,
-                }
-            }
-        })
+        // Listen first, then look: a release between the two is still seen.
+        let rx = self.node.message_rx();
+        Box::pin(wait_for_turn(rx, self.node.pttl(), &self.node.channel, max))
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(async move { self.node.ping().await })
+    }
+}
+
+/// A standby's wait on a Redis-held lease: returns at once when the key is gone, on a message
+/// on `channel` (received through `rx`, taken *before* `pttl` was asked, so a release between
+/// the two is still seen), or when the key's `PTTL` runs out (an expiry publishes nothing),
+/// after `max` at the latest.
+pub(super) async fn wait_for_turn(
+    mut rx: broadcast::Receiver<Message>,
+    pttl: impl std::future::Future<Output = anyhow::Result<i64>>,
+    channel: &str,
+    max: Duration,
+) {
+    let pttl: i64 = match pttl.await {
+        Ok(ms) => ms,
+        Err(e) => {
+            tracing::debug!(error = %e, "PTTL failed");
+            tokio::time::sleep(max.min(Duration::from_millis(500))).await;
+            return;
+        }
+    };
+    let wait = match pttl {
+        -2 => return, // no key: try at once
+        -1 => max,    // a key without expiry (a foreign client): poll
+        ms => Duration::from_millis(ms.max(0) as u64 + 1).min(max),
+    };
+    let until = Instant::now() + wait;
+    loop {
+        tokio::select! {
+            m = rx.recv() => match m {
+                Ok(m) if *m.channel == *channel => return,
+                Ok(_) => {}
+                Err(_) => return,
+            },
+            _ = tokio::time::sleep_until(until) => return,
+        }
     }
 }

@@ -34,6 +34,7 @@ struct Scripted {
     releases: Mutex<Vec<Instant>>,
     acquisitions: AtomicU32,
     reconnect: Notify,
+    lost: Notify,
 }
 
 impl Scripted {
@@ -46,6 +47,7 @@ impl Scripted {
             releases: Mutex::new(Vec::new()),
             acquisitions: AtomicU32::new(0),
             reconnect: Notify::new(),
+            lost: Notify::new(),
         })
     }
 
@@ -116,11 +118,19 @@ impl Lease for Scripted {
     fn reconnected(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.reconnect.notified())
     }
+
+    fn lost(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.lost.notified())
+    }
 }
 
 /// The epoch column of `outbox_relay_lease`, in memory.
 #[derive(Default)]
-struct Epochs(AtomicI64);
+struct Epochs {
+    epoch: AtomicI64,
+    /// How long a bump takes (waiting for a database connection, say).
+    delay: Mutex<Duration>,
+}
 
 impl LeaseTable for Epochs {
     fn lease_acquire<'a>(
@@ -152,7 +162,11 @@ impl LeaseTable for Epochs {
     }
 
     fn advance_epoch<'a>(&'a self, _: &'a str, _: &'a str) -> BoxFuture<'a, anyhow::Result<i64>> {
-        Box::pin(async { Ok(self.0.fetch_add(1, Ordering::SeqCst) + 1) })
+        Box::pin(async {
+            let delay = *self.delay.lock().expect("delay");
+            tokio::time::sleep(delay).await;
+            Ok(self.epoch.fetch_add(1, Ordering::SeqCst) + 1)
+        })
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {
@@ -335,6 +349,22 @@ async fn a_reconnected_backend_is_unconfirmed_until_a_renewal_confirms_the_hold(
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_hold_the_backend_reports_lost_stops_at_once_without_a_release() {
+    let lease = Scripted::new(TTL);
+    let (keeper, mut rx) = start(&lease);
+    let acquired = until(&mut rx, held).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A GET_LOCK session found dead between renewals: Standby at that instant, not at the
+    // next renewal, and no release is sent for a hold that is gone.
+    lease.lost.notify_one();
+    let standby = until(&mut rx, |s| *s == LeaseState::Standby).await;
+    assert_eq!(standby - acquired, Duration::from_millis(200));
+    assert!(lease.renewals().is_empty(), "no renewal was due yet");
+    assert!(lease.releases.lock().expect("releases").is_empty());
+    keeper.release().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn release_stops_the_watchdog_before_giving_the_lease_back() {
     let lease = Scripted::new(TTL);
     let (keeper, mut rx) = start(&lease);
@@ -347,4 +377,34 @@ async fn release_stops_the_watchdog_before_giving_the_lease_back() {
     assert_eq!(*rx.borrow(), LeaseState::Standby);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(lease.renewals().len(), 1, "renewed after the release");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_epoch_bump_slower_than_the_grant_is_abandoned_and_the_lease_given_back() {
+    // A bump landing after the hold ran out would follow the next holder's and fence it out.
+    let lease = Scripted::new(TTL);
+    let epochs = Arc::new(Epochs::default());
+    *epochs.delay.lock().expect("delay") = TTL * 2;
+    let keeper = Keeper::start(lease.clone(), epochs.clone(), RENEW_TIMEOUT);
+    let mut rx = keeper.state();
+    tokio::time::sleep(TTL * 3).await;
+    assert_eq!(
+        *rx.borrow(),
+        LeaseState::Standby,
+        "never held on a late bump"
+    );
+    assert_eq!(
+        epochs.epoch.load(Ordering::SeqCst),
+        0,
+        "no bump after the deadline"
+    );
+    assert!(
+        !lease.releases.lock().expect("releases").is_empty(),
+        "given back"
+    );
+    // A bump within the grant: held, at the bumped epoch.
+    *epochs.delay.lock().expect("delay") = TTL / 10;
+    until(&mut rx, held).await;
+    assert!(matches!(*rx.borrow(), LeaseState::Held { epoch: 1, .. }));
+    keeper.release().await;
 }

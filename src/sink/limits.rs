@@ -88,6 +88,8 @@ pub struct Pause {
     sink: String,
     /// Shared with the timer that clears the pause (and its gauge) when it runs out.
     until: Arc<Mutex<Option<Instant>>>,
+    /// Why the last pause began (shown by the console while it lasts).
+    reason: Mutex<String>,
 }
 
 impl Pause {
@@ -96,6 +98,7 @@ impl Pause {
         Pause {
             sink: sink.to_string(),
             until: Arc::new(Mutex::new(None)),
+            reason: Mutex::new(String::new()),
         }
     }
 
@@ -108,6 +111,10 @@ impl Pause {
         };
         if g.is_none_or(|u| u < until) {
             *g = Some(until);
+            match self.reason.lock() {
+                Ok(mut r) => *r = reason.to_string(),
+                Err(p) => *p.into_inner() = reason.to_string(),
+            }
             tracing::warn!(sink = %self.sink, pause_ms = d.as_millis() as u64, reason, "sink paused");
             metrics::gauge!(crate::metric::SINK_PAUSED, "sink" => self.sink.clone()).set(1.0);
             // Clear the pause when it runs out even if no delivery to this sink asks again
@@ -125,6 +132,16 @@ impl Pause {
     /// The time left on the pause, or `None` when the sink may send.
     pub fn remaining(&self) -> Option<Duration> {
         clear_if_over(&self.sink, &self.until)
+    }
+
+    /// The time left on the pause and why it began, or `None` when the sink may send.
+    pub fn state(&self) -> Option<(Duration, String)> {
+        let left = self.remaining()?;
+        let reason = match self.reason.lock() {
+            Ok(r) => r.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        Some((left, reason))
     }
 }
 

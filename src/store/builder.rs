@@ -88,6 +88,19 @@ impl Sql {
         self.now_offset(d, -i64::try_from(by.as_millis()).unwrap_or(i64::MAX))
     }
 
+    /// The instant `secs` after the Unix epoch, on the database's terms.
+    pub(super) fn unix_time(&mut self, d: Dialect, secs: i64) -> &mut Sql {
+        // MySQL's TIMESTAMP (and FROM_UNIXTIME) end in 2038: a later bound means "any time"
+        // there, and FROM_UNIXTIME would give NULL (no row) instead.
+        let secs = match d {
+            Dialect::MySql { .. } => secs.clamp(0, i64::from(i32::MAX)),
+            _ => secs,
+        };
+        let expr = d.from_unix_secs();
+        let (before, after) = expr.split_once('?').unwrap_or((expr, ""));
+        self.push(before).int(secs).push(after)
+    }
+
     fn now_offset(&mut self, d: Dialect, ms: i64) -> &mut Sql {
         let expr = d.now_plus_ms();
         let (before, after) = expr.split_once('?').unwrap_or((expr, ""));

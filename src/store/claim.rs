@@ -15,6 +15,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::builder::Sql;
+use super::cursor::Floors;
 use super::sql::SqlStore;
 use super::{ClaimRequest, ClaimedRow, Dialect, Undeliverable};
 use crate::sink::Delivery;
@@ -24,15 +25,22 @@ impl SqlStore {
     /// head of its ordering key (no placeholders).
     fn claimable(&self) -> String {
         let t = &self.table;
+        let c = &self.cols;
         let now = self.dialect.now();
-        let due = self.dialect.due("o.next_attempt_at");
-        let key = self.open_columns().1;
+        let due = c.due("o.", self.dialect);
+        let (open, id) = (c.open("o."), &c.id);
+        let keyed = match (&c.ordering_key, self.open_columns().1) {
+            (Some(k), Some(open_key)) => format!(
+                " AND (o.{k} IS NULL OR NOT EXISTS (
+                 SELECT 1 FROM {t} p WHERE p.{open_key} = o.{k} AND p.{id} < o.{id}
+                 AND {}))",
+                c.open("p.")
+            ),
+            _ => String::new(),
+        };
         format!(
-            "o.status IN ('PENDING', 'RETRY') AND {due}
-             AND (o.claimed_until IS NULL OR o.claimed_until < {now})
-             AND (o.ordering_key IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM {t} p WHERE p.{key} = o.ordering_key AND p.id < o.id
-                 AND p.status IN ('PENDING', 'RETRY')))"
+            "{open} AND {due}
+             AND (o.claimed_until IS NULL OR o.claimed_until < {now}){keyed}"
         )
     }
 
@@ -42,14 +50,24 @@ impl SqlStore {
     /// `open_key` (the channel and key of unfinished rows, NULL once finished; schema version
     /// 5) are indexed instead, and the hint keeps the optimizer from walking the primary key
     /// over every finished row for the sake of `ORDER BY id`.
-    fn open_columns(&self) -> (&'static str, &'static str, String) {
+    fn open_columns(&self) -> (&'static str, Option<String>, String) {
+        let c = &self.cols;
         match self.dialect {
             Dialect::MySql { .. } => (
                 "open_channel",
-                "open_key",
+                c.ordering_key.as_ref().map(|_| "open_key".into()),
                 format!("FORCE INDEX ({}_open_idx)", self.table),
             ),
-            _ => ("channel", "ordering_key", String::new()),
+            _ => ("", c.ordering_key.clone(), String::new()),
+        }
+    }
+
+    /// The channel of row `a` as the picks filter it: MySQL's indexed virtual column, else
+    /// the mapped column (or the constant, which the planner folds away).
+    fn pick_channel(&self, a: &str) -> String {
+        match self.open_columns().0 {
+            "" => self.cols.channel(a),
+            open => format!("{a}{open}"),
         }
     }
 
@@ -59,17 +77,21 @@ impl SqlStore {
     /// oversized payload is never loaded.
     pub(super) fn returning_columns(&self, alias: &str, req: &ClaimRequest) -> String {
         let d = self.dialect;
+        let cols = &self.cols;
         let c = |name: &str| format!("{alias}{name}");
+        let payload = cols.payload(alias, d);
         let expr = |col: Col| match col {
-            Col::Id => c("id"),
-            Col::Channel | Col::Recipient | Col::OrderingKey => d.claim_text(&c(col.name())),
+            Col::Id => c(&cols.id),
+            Col::Channel => d.claim_text(&cols.channel(alias)),
+            Col::Recipient => d.claim_text(&cols.text_or_null(alias, &cols.recipient, d)),
+            Col::OrderingKey => d.claim_text(&cols.text_or_null(alias, &cols.ordering_key, d)),
             Col::Payload => {
-                let text = d.claim_text(&d.payload_text(&c("payload")));
+                let text = d.claim_text(&d.payload_text(&payload));
                 match req.max_payload_bytes {
                     // An integer from the configuration, not user text: safe in the SQL.
                     Some(max) => format!(
                         "CASE WHEN {} <= {max} THEN {text} END",
-                        d.byte_length(&c("payload"))
+                        d.byte_length(&payload)
                     ),
                     None => text,
                 }
@@ -77,14 +99,24 @@ impl SqlStore {
             // Whatever an application stored there, only an integer is read as one.
             Col::Attempts if d == Dialect::Sqlite => format!(
                 "CASE WHEN typeof({a}) = 'integer' THEN {a} END",
-                a = c("attempts")
+                a = c(&cols.attempts)
             ),
-            Col::Attempts => c("attempts"),
-            Col::Age => d.age_ms(&c("created_at")),
-            Col::PayloadLen => d.byte_length(&c("payload")),
+            Col::Attempts => c(&cols.attempts),
+            Col::Age => match &cols.created_at {
+                Some(at) => d.age_ms(&c(at)),
+                None => d.null_int().to_string(),
+            },
+            Col::PayloadLen => d.byte_length(&payload),
             Col::Classes => {
-                let typed: Vec<String> = CLASS_CHECKS.iter().map(|(n, _)| c(n)).collect();
-                d.storage_classes(&typed[..5], &[c("next_attempt_at")])
+                // The same expressions the claim reads (a mapped column is read as text).
+                let typed = [
+                    cols.channel(alias),
+                    cols.text_or_null(alias, &cols.recipient, d),
+                    payload.clone(),
+                    cols.text_or_null(alias, &cols.ordering_key, d),
+                    c(&cols.attempts),
+                ];
+                d.storage_classes(&typed, &[c(&cols.next_attempt_at)])
             }
         };
         Col::ALL
@@ -162,7 +194,7 @@ const CLASS_CHECKS: [(&str, &str); 6] = [
 /// Decodes one claimed row, column by column: a column that cannot be read makes the row
 /// [`ClaimedRow::undeliverable`] (naming the column) instead of failing the whole claim.
 /// Only an unreadable id fails: without it the row cannot be addressed at all.
-pub(super) fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
+pub fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow> {
     let id: i64 = row
         .try_get(Col::Id.at())
         .map_err(|e| anyhow::anyhow!("a claimed row's id could not be read: {e}"))?;
@@ -279,6 +311,7 @@ impl SqlStore {
     pub(super) fn picks(
         &self,
         req: &ClaimRequest,
+        floors: &Floors,
         cols: &str,
         lock: &str,
         fence: &PickFence,
@@ -293,11 +326,7 @@ impl SqlStore {
                 .channels
                 .iter()
                 .flat_map(|(c, n)| {
-                    let newest = if req.newest && *n >= 2 {
-                        (*n / NEWEST_SHARE).max(1)
-                    } else {
-                        0
-                    };
+                    let newest = newest_share(*n, req.newest);
                     [
                         (Filter::Channel(c), n - newest, Order::Oldest),
                         (Filter::Channel(c), newest, Order::Newest),
@@ -318,7 +347,9 @@ impl SqlStore {
         };
         let t = &self.table;
         let claimable = self.claimable();
-        let (channel, _, hint) = self.open_columns();
+        let (_, _, hint) = self.open_columns();
+        let (id, mysql) = (&self.cols.id, matches!(self.dialect, Dialect::MySql { .. }));
+        let open = self.cols.open("n.");
         filters
             .into_iter()
             .map(|(filter, n, order)| {
@@ -330,12 +361,13 @@ impl SqlStore {
                     // finds nothing at once instead of walking the whole backlog.
                     (Order::Newest, Filter::Channel(c)) => {
                         q.push(&format!(
-                            "SELECT {cols} FROM {t} o WHERE o.id IN (SELECT w.id FROM \
-                             (SELECT n.id FROM {t} n {hint} WHERE n.{channel} = "
+                            "SELECT {cols} FROM {t} o WHERE o.{id} IN (SELECT w.{id} FROM \
+                             (SELECT n.{id} FROM {t} n {hint} WHERE {} = ",
+                            self.pick_channel("n.")
                         ))
                         .text(c)
                         .push(&format!(
-                            " AND n.status IN ('PENDING', 'RETRY') ORDER BY n.id DESC LIMIT {}) w) \
+                            " AND {open} ORDER BY n.{id} DESC LIMIT {}) w) \
                              AND {claimable}",
                             n.saturating_mul(NEWEST_WINDOW)
                         ));
@@ -349,14 +381,20 @@ impl SqlStore {
                 match filter {
                     Filter::Channel(_) if matches!(order, Order::Newest) => {}
                     Filter::Channel(c) => {
-                        q.push(&format!(" AND o.{channel} = ")).text(c);
+                        q.push(&format!(" AND {} = ", self.pick_channel("o.")))
+                            .text(c);
+                        // See cursor.rs: the rows below the floor were not claimable, or
+                        // are ours, when a claim last looked.
+                        if let Some(floor) = floors.get(c) {
+                            q.push(&format!(" AND o.{id} > ")).int(*floor);
+                        }
                     }
-                    Filter::NotIn([]) if channel != "channel" => {
-                        q.push(&format!(" AND o.{channel} IS NOT NULL"));
+                    Filter::NotIn([]) if mysql => {
+                        q.push(&format!(" AND {} IS NOT NULL", self.pick_channel("o.")));
                     }
                     Filter::NotIn([]) => {}
                     Filter::NotIn(cs) => {
-                        q.push(&format!(" AND o.{channel} NOT IN ("))
+                        q.push(&format!(" AND {} NOT IN (", self.pick_channel("o.")))
                             .texts(cs)
                             .push(")");
                     }
@@ -366,7 +404,7 @@ impl SqlStore {
                     Order::Oldest => "",
                     Order::Newest => " DESC",
                 };
-                q.push(&format!(" ORDER BY o.id{direction} LIMIT "))
+                q.push(&format!(" ORDER BY o.{id}{direction} LIMIT "))
                     .int(n as i64)
                     .push(" ")
                     .push(lock);
@@ -377,7 +415,11 @@ impl SqlStore {
 
     /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING` (MySQL:
     /// [`super::mysql::claim`]).
-    pub(super) async fn claim_returning(&self, req: &ClaimRequest) -> anyhow::Result<Vec<AnyRow>> {
+    pub(super) async fn claim_returning(
+        &self,
+        req: &ClaimRequest,
+        floors: &Floors,
+    ) -> anyhow::Result<Vec<AnyRow>> {
         let t = &self.table;
         let d = self.dialect;
         let pg = d == Dialect::Postgres;
@@ -405,7 +447,8 @@ impl SqlStore {
         } else {
             ""
         };
-        let picks = self.picks(req, "o.id", lock, &fence);
+        let id = &self.cols.id;
+        let picks = self.picks(req, floors, &format!("o.{id}"), lock, &fence);
         let names: Vec<String> = (0..picks.len()).map(|i| format!("p{i}")).collect();
         for (i, p) in picks.into_iter().enumerate() {
             if i > 0 {
@@ -415,7 +458,7 @@ impl SqlStore {
         }
         let union = names
             .iter()
-            .map(|n| format!("SELECT id FROM {n}"))
+            .map(|n| format!("SELECT {id} FROM {n}"))
             .collect::<Vec<_>>()
             .join(" UNION ");
         q.push(&format!(" UPDATE {t} "));
@@ -433,12 +476,12 @@ impl SqlStore {
         q.now_plus(d, req.ttl).push(" ");
         if pg {
             q.push(&format!(
-                "FROM ({union}) picked WHERE u.id = picked.id RETURNING {}",
+                "FROM ({union}) picked WHERE u.{id} = picked.{id} RETURNING {}",
                 self.returning_columns("u.", req)
             ));
         } else {
             q.push(&format!(
-                "WHERE id IN ({union}) RETURNING {}",
+                "WHERE {id} IN ({union}) RETURNING {}",
                 self.returning_columns("", req)
             ));
         }
@@ -448,6 +491,15 @@ impl SqlStore {
 
 /// The share of a channel's budget taken newest first (one in eight, at least one row).
 const NEWEST_SHARE: u32 = 8;
+
+/// How many of a channel's `budget` rows its newest pick takes.
+pub(super) fn newest_share(budget: u32, newest: bool) -> u32 {
+    if newest && budget >= 2 {
+        (budget / NEWEST_SHARE).max(1)
+    } else {
+        0
+    }
+}
 /// How many of a channel's newest unfinished rows the newest pick looks at, per row it takes.
 const NEWEST_WINDOW: u32 = 4;
 

@@ -57,6 +57,17 @@ impl Dialect {
         }
     }
 
+    /// The instant a bound number of Unix seconds names, in the type of the timestamp
+    /// columns (one `?` placeholder, bound as i64). On MySQL the value and the columns are
+    /// both shown in the session's zone, so the comparison holds whatever that zone is.
+    pub fn from_unix_secs(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "to_timestamp(?::float8)",
+            Dialect::MySql { .. } => "FROM_UNIXTIME(?)",
+            Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f', ?, 'unixepoch')",
+        }
+    }
+
     /// Milliseconds from `col` to now (an integer expression).
     pub fn age_ms(self, col: &str) -> String {
         match self {
@@ -112,7 +123,7 @@ impl Dialect {
                 .iter()
                 .map(|c| format!("typeof({c})"))
                 .chain(times.iter().map(|c| {
-                    format!("CASE WHEN julianday({c}) IS NULL THEN 'text that is not a time' ELSE 'time' END")
+                    format!("CASE WHEN {c} IS NULL THEN 'null' WHEN julianday({c}) IS NULL THEN 'text that is not a time' ELSE 'time' END")
                 }))
                 .collect::<Vec<_>>()
                 .join(" || ',' || "),
@@ -140,6 +151,49 @@ impl Dialect {
             Dialect::MySql { .. } => format!("LENGTH({col})"),
             // Bytes of text or blob, read from the record header: the value is not loaded.
             Dialect::Sqlite => format!("octet_length({col})"),
+        }
+    }
+
+    /// A NULL of a text type (a column a mapped table does not have).
+    pub fn null_text(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "NULL::text",
+            Dialect::MySql { .. } => "CAST(NULL AS CHAR)",
+            Dialect::Sqlite => "NULL",
+        }
+    }
+
+    /// A NULL of an integer type.
+    pub fn null_int(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "NULL::bigint",
+            Dialect::MySql { .. } => "CAST(NULL AS SIGNED)",
+            Dialect::Sqlite => "NULL",
+        }
+    }
+
+    /// Any value as text.
+    pub fn cast_text(self, expr: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("({expr})::text"),
+            Dialect::MySql { .. } => format!("CAST({expr} AS CHAR)"),
+            Dialect::Sqlite => format!("CAST({expr} AS TEXT)"),
+        }
+    }
+
+    /// A column holding JSON, as a JSON value inside a built object. MySQL and SQLite check
+    /// it first (text that is not JSON becomes JSON null, which the sink refuses for that row
+    /// alone); on PostgreSQL the column must be `json`/`jsonb` (checked by `check-config`),
+    /// since a failed cast would fail the whole claim.
+    pub fn json_value(self, col: &str) -> String {
+        match self {
+            Dialect::Postgres => format!("{col}::jsonb"),
+            Dialect::MySql { .. } => {
+                format!("JSON_EXTRACT(IF(JSON_VALID({col}), {col}, 'null'), '$')")
+            }
+            Dialect::Sqlite => {
+                format!("json(CASE WHEN json_valid({col}) THEN {col} ELSE 'null' END)")
+            }
         }
     }
 

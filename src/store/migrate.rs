@@ -11,7 +11,7 @@ use super::builder::Sql;
 use super::{Dialect, mysql, postgres, sqlite};
 
 /// The newest schema version this build knows.
-pub const LATEST: i64 = 5;
+pub const LATEST: i64 = 6;
 
 fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
     match (dialect, version) {
@@ -23,6 +23,7 @@ fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
         // indexed column) are HOT updates that write no index entries. Applies to pages
         // written from now on; nothing is rewritten.
         (Dialect::Postgres, 4) => vec![format!("ALTER TABLE {table} SET (fillfactor = 85)")],
+        (_, 6) => vec![failed_index(dialect, table)],
         _ => Vec::new(),
     }
 }
@@ -43,6 +44,34 @@ fn channel_index(dialect: Dialect, t: &str) -> String {
              WHERE status IN ('PENDING', 'RETRY')"
         ),
     }
+}
+
+/// Version 6: the console pages through FAILED rows newest first by keyset on `id`; this index
+/// makes each page a walk of 50 entries whatever the size of the table (otherwise the page
+/// sorts every FAILED row, or walks the primary key through every delivered one). On
+/// PostgreSQL and SQLite it is partial, so rows that never fail cost it nothing.
+fn failed_index(dialect: Dialect, t: &str) -> String {
+    match dialect {
+        Dialect::MySql { mariadb: true, .. } => {
+            format!("ALTER TABLE {t} ADD INDEX IF NOT EXISTS {t}_failed_idx (status, id)")
+        }
+        Dialect::MySql { .. } => format!("CREATE INDEX {t}_failed_idx ON {t} (status, id)"),
+        _ => {
+            format!("CREATE INDEX IF NOT EXISTS {t}_failed_idx ON {t} (id) WHERE status = 'FAILED'")
+        }
+    }
+}
+
+/// Beside a mapped table (docs/adopting-a-table.md): only the lease table. The table itself
+/// is the application's; `migrate --adopt` adds the relay's columns to it, on request.
+pub async fn lease_only(pool: &AnyPool, dialect: Dialect) -> anyhow::Result<()> {
+    let ddl = match dialect {
+        Dialect::Postgres => postgres::lease_table(),
+        Dialect::MySql { .. } => mysql::lease_table(),
+        Dialect::Sqlite => sqlite::lease_table(),
+    };
+    pool.execute(sqlx::AssertSqlSafe(ddl)).await?;
+    Ok(())
 }
 
 /// Brings `table` to [`LATEST`]. Returns the versions applied.

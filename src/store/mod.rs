@@ -19,15 +19,22 @@
 //!   per outcome kind and claim batch, never one statement per row on the happy path.
 
 mod admin;
+mod adopt;
 mod builder;
 mod claim;
+mod columns;
+mod console;
+mod cursor;
 mod dialect;
 mod fault;
+mod get_lock;
+mod ident;
 mod lease_table;
 mod migrate;
 mod mysql;
 mod postgres;
 mod results;
+mod shedlock;
 mod sql;
 mod sqlite;
 mod watch;
@@ -35,9 +42,17 @@ mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use adopt::Problem;
+/// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
+#[doc(hidden)]
+pub use claim::to_claimed;
+pub use columns::{Columns, Owned, State};
+pub use console::MAX_PAGE;
 pub use dialect::Dialect;
 pub use fault::{Incomplete, is_transient};
+pub use get_lock::LockSession;
 pub use postgres::listen;
+pub use shedlock::ShedLockTable;
 pub use sql::SqlStore;
 pub use watch::{NEW_ROWS_CHECK, watch_new_rows};
 
@@ -193,6 +208,7 @@ pub struct FailedRow {
     pub attempts: i64,
     pub last_error: Option<String>,
     pub updated_at: String,
+    pub created_at: String,
 }
 
 /// A finished status: the only ones `purge` and retention may delete.
@@ -215,7 +231,69 @@ impl Finished {
 #[derive(Debug, Clone)]
 pub enum Requeue {
     Ids(Vec<i64>),
-    AllFailed { channel: Option<String> },
+    AllFailed {
+        channel: Option<String>,
+    },
+    /// Every FAILED row the filter matches (the console's selections).
+    Matching(FailedFilter),
+}
+
+/// A selection of FAILED rows (the console's filters). Every condition is evaluated by the
+/// database, and by the statement that changes rows too, not only by the one that counted them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FailedFilter {
+    pub channel: Option<String>,
+    /// `last_error` contains this text (case-insensitive; `%` and `_` are literal).
+    pub error_contains: Option<String>,
+    /// `created_at` at or after this time.
+    pub created_from: Option<TimeBound>,
+    /// `created_at` before this time.
+    pub created_to: Option<TimeBound>,
+    /// Only rows up to this id: a selection confirmed by an operator does not grow to rows
+    /// that failed after they saw its count.
+    pub max_id: Option<i64>,
+}
+
+/// A point in time for a filter, always turned into a time by the database itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeBound {
+    /// This long before the database's now.
+    Ago(Duration),
+    /// Seconds since the Unix epoch (UTC).
+    Unix(i64),
+}
+
+/// One channel's line of the console's overview.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChannelCounts {
+    pub channel: String,
+    pub pending: i64,
+    pub retry: i64,
+    pub failed: i64,
+    /// SUCCESS rows whose result was written in the last hour.
+    pub delivered_last_hour: i64,
+    /// Age of the channel's oldest PENDING or RETRY row.
+    pub oldest_pending: Option<Duration>,
+}
+
+/// Every stored column of one row, times as UTC text, for the console's row page.
+#[derive(Debug, Clone, Default)]
+pub struct RowDetail {
+    pub id: i64,
+    pub channel: String,
+    pub status: String,
+    pub attempts: i64,
+    pub recipient: Option<String>,
+    pub payload: String,
+    pub ordering_key: Option<String>,
+    pub last_error: Option<String>,
+    pub next_attempt_at: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub sent_at: Option<String>,
+    pub claimed_by: Option<String>,
+    /// Time left on a live claim (`None`: no claim, or it ran out).
+    pub claim_left_ms: Option<i64>,
 }
 
 /// What `requeue` did (or, dry-run, would do).
@@ -330,6 +408,21 @@ pub async fn connect(
 ) -> anyhow::Result<Arc<SqlStore>> {
     Ok(Arc::new(
         SqlStore::connect(url, table, max_connections, connect_timeout).await?,
+    ))
+}
+
+/// Opens the store for `url` on `table`, mapped by `[table]` (the relay's own table when it
+/// sets nothing), without migrating.
+pub async fn connect_mapped(
+    url: &str,
+    table: &str,
+    mapping: &crate::config::TableSettings,
+    max_connections: u32,
+    connect_timeout: Duration,
+) -> anyhow::Result<Arc<SqlStore>> {
+    let store = SqlStore::connect(url, table, max_connections, connect_timeout).await?;
+    Ok(Arc::new(
+        store.with_columns(Columns::from_settings(mapping)),
     ))
 }
 

@@ -17,7 +17,19 @@ use sqlx::any::AnyRow;
 use super::ClaimRequest;
 use super::builder::Sql;
 use super::claim::PickFence;
+use super::cursor::Floors;
 use super::sql::SqlStore;
+
+/// The lease table (`outbox_relay_lease`): also created beside a mapped table.
+pub(super) fn lease_table() -> String {
+    "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name VARCHAR(191) NOT NULL PRIMARY KEY,
+            holder VARCHAR(255) NULL,
+            lease_until TIMESTAMP(6) NULL DEFAULT NULL,
+            epoch BIGINT NOT NULL DEFAULT 0
+        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+        .to_string()
+}
 
 /// Schema version 1. MySQL has no `CREATE INDEX IF NOT EXISTS`, so indexes are inline.
 pub(super) fn schema_v1(t: &str) -> Vec<String> {
@@ -46,13 +58,7 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
                 CONSTRAINT {t}_status_chk CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED'))
             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
         ),
-        "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
-            name VARCHAR(191) NOT NULL PRIMARY KEY,
-            holder VARCHAR(255) NULL,
-            lease_until TIMESTAMP(6) NULL DEFAULT NULL,
-            epoch BIGINT NOT NULL DEFAULT 0
-        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
-            .to_string(),
+        lease_table(),
     ]
 }
 
@@ -157,6 +163,7 @@ pub(super) async fn claim(
     store: &SqlStore,
     req: &ClaimRequest,
     skip_locked: bool,
+    floors: &Floors,
 ) -> anyhow::Result<Vec<AnyRow>> {
     let cols = store.returning_columns("o.", req);
     let lock = if skip_locked {
@@ -166,7 +173,7 @@ pub(super) async fn claim(
     };
     let mut select = Sql::default();
     for (i, p) in store
-        .picks(req, &cols, lock, &PickFence::None)
+        .picks(req, floors, &cols, lock, &PickFence::None)
         .into_iter()
         .enumerate()
     {
@@ -190,12 +197,13 @@ pub(super) async fn claim(
         .map(|r| r.try_get::<i64, _>(0))
         .collect::<Result<Vec<_>, _>>()?;
     let mut u = Sql::new(&format!("UPDATE {} SET claimed_by = ", store.table));
+    let id = &store.cols.id;
     u.text(&req.claimer)
         .push(", claim_token = ")
         .text(&req.token)
         .push(", claimed_until = ")
         .now_plus(store.dialect, req.ttl)
-        .push(" WHERE id IN (")
+        .push(&format!(" WHERE {id} IN ("))
         .ints(ids)
         .push(")");
     u.query(store).execute(&mut *tx).await?;

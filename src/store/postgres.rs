@@ -10,6 +10,17 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// The lease table (`outbox_relay_lease`): also created beside a mapped table.
+pub(super) fn lease_table() -> String {
+    "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NULL,
+            lease_until TIMESTAMPTZ NULL,
+            epoch BIGINT NOT NULL DEFAULT 0
+        )"
+    .to_string()
+}
+
 /// Schema version 1.
 pub(super) fn schema_v1(t: &str) -> Vec<String> {
     vec![
@@ -58,13 +69,17 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
              WHERE status IN ('PENDING', 'RETRY')"
         ),
-        "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
-            name TEXT PRIMARY KEY,
-            holder TEXT NULL,
-            lease_until TIMESTAMPTZ NULL,
-            epoch BIGINT NOT NULL DEFAULT 0
-        )"
-        .to_string(),
+        lease_table(),
+    ]
+    .into_iter()
+    .chain(notify_trigger(t))
+    .collect()
+}
+
+/// The statement-level insert trigger that NOTIFYs `<table>_new` (on a mapped table only
+/// when `table.notify_trigger` asks, through `migrate --adopt`).
+pub(super) fn notify_trigger(t: &str) -> Vec<String> {
+    vec![
         format!(
             "CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
              BEGIN PERFORM pg_notify('{t}_new', ''); RETURN NULL; END $fn$"

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::builder::Sql;
 use super::sql::SqlStore;
-use super::{Completion, Incomplete, Resolution, sanitize_text};
+use super::{Completion, Incomplete, Resolution, State, sanitize_text};
 
 /// Most rows in one result statement (keeps statements and their parameter lists bounded).
 const RESULT_CHUNK: usize = 500;
@@ -106,9 +106,11 @@ impl SqlStore {
     fn result_statement(&self, kind: Kind, rows: &[&Completion]) -> Sql {
         let d = self.dialect;
         let now = d.now();
+        let c = &self.cols;
+        let id = &c.id;
         // `CASE id WHEN ? THEN <value> ... END`: one value per row, in one statement.
         let case = |value: &dyn Fn(&mut Sql, &Completion)| {
-            let mut s = Sql::new("CASE id");
+            let mut s = Sql::new(&format!("CASE {id}"));
             for c in rows {
                 s.push(" WHEN ").int(c.id).push(" THEN ");
                 value(&mut s, c);
@@ -126,39 +128,59 @@ impl SqlStore {
                 s.opt_text(error_of(&c.resolution));
             })
         };
+        // A table without a last_error column keeps no reason (the log and metrics do).
+        let set_error = |q: &mut Sql, keep: bool| {
+            if let Some(e) = &c.last_error {
+                if keep {
+                    q.push(&format!(", {e} = COALESCE("))
+                        .append(last_error())
+                        .push(&format!(", {e})"));
+                } else {
+                    q.push(&format!(", {e} = ")).append(last_error());
+                }
+            }
+        };
+        let attempts = c.count_attempt();
         let mut q = Sql::new(&format!("UPDATE {} SET ", self.table));
         match kind {
             Kind::Delivered => {
                 q.push(&format!(
-                    "status = 'SUCCESS', attempts = attempts + 1, sent_at = {now}, last_error = NULL"
+                    "{}, {attempts}, {} = {now}",
+                    c.set(State::Success),
+                    c.sent_at
                 ));
+                if let Some(e) = &c.last_error {
+                    q.push(&format!(", {e} = NULL"));
+                }
             }
             Kind::Retry => {
-                q.push("status = 'RETRY', attempts = attempts + 1, next_attempt_at = ")
-                    .append(next_attempt())
-                    .push(", last_error = ")
-                    .append(last_error());
+                q.push(&format!(
+                    "{}, {attempts}, {} = ",
+                    c.set(State::Retry),
+                    c.next_attempt_at
+                ))
+                .append(next_attempt());
+                set_error(&mut q, false);
             }
             Kind::Failed => {
-                q.push("status = 'FAILED', attempts = attempts + 1, last_error = ")
-                    .append(last_error());
+                q.push(&format!("{}, {attempts}", c.set(State::Failed)));
+                set_error(&mut q, false);
             }
             Kind::Release => {
-                q.push("next_attempt_at = ")
-                    .append(next_attempt())
-                    .push(", last_error = COALESCE(")
-                    .append(last_error())
-                    .push(", last_error)");
+                q.push(&format!("{} = ", c.next_attempt_at))
+                    .append(next_attempt());
+                set_error(&mut q, true);
             }
         }
         q.push(&format!(
-            ", claimed_by = NULL, claim_token = NULL, claimed_until = NULL, updated_at = {now} \
-             WHERE claim_token = "
+            ", claimed_by = NULL, claim_token = NULL, claimed_until = NULL{} \
+             WHERE claim_token = ",
+            c.touch(d)
         ))
         .append(case(&|s, c| {
             s.text(&c.token);
         }))
-        .push(" AND id IN (")
+        .push(&format!(" AND {id} IN ("))
         .ints(rows.iter().map(|c| c.id))
         .push(")");
         q

@@ -16,8 +16,11 @@ use sqlx::query::Query;
 use sqlx::{Any, AnyPool, Executor, Row};
 
 use super::builder::Sql;
-use super::claim::to_claimed;
-use super::{ClaimRequest, ClaimedRow, Completion, Dialect, NewRow, Queue, migrate, mysql};
+use super::claim::{newest_share, to_claimed};
+use super::cursor::Cursors;
+use super::{
+    ClaimRequest, ClaimedRow, Columns, Completion, Dialect, NewRow, Queue, migrate, mysql,
+};
 use crate::BoxFuture;
 
 /// Longest a statement waits for a row or table lock before failing (and being retried).
@@ -37,9 +40,17 @@ pub struct SqlStore {
     /// SQL statements built and sent by this store (BEGIN/COMMIT not counted): what the
     /// benchmark divides by delivered rows.
     statements: AtomicU64,
+    /// Where each channel's claims start (see `cursor.rs`).
+    pub(super) cursors: Cursors,
+    /// The table's column names and status values (the relay's own unless `[table]` maps an
+    /// existing table).
+    pub(super) cols: Columns,
 }
 
 pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
+
+/// A pooled connection idle for longer than this is pinged before it is used.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 
 fn query(sql: String) -> AnyQuery<'static> {
     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -57,9 +68,23 @@ impl SqlStore {
         let mut dialect = Dialect::from_url(url)
             .ok_or_else(|| anyhow::anyhow!("unsupported database URL scheme"))?;
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
+        // A pooled connection is pinged before use only when it sat idle for a while: a ping
+        // on every acquire was a round trip per statement (4% of the relay's CPU at full
+        // speed). A connection that died in use fails its statement, which is retried as
+        // transient (docs/design.md, "Failure model"); one idle across a database restart is
+        // still caught by the ping.
         let options = AnyPoolOptions::new()
             .max_connections(if in_memory { 1 } else { max_connections })
-            .acquire_timeout(connect_timeout);
+            .acquire_timeout(connect_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < PING_AFTER_IDLE {
+                        return Ok(true);
+                    }
+                    Ok(sqlx::Connection::ping(conn).await.is_ok())
+                })
+            });
         // An in-memory SQLite database lives and dies with its one connection.
         let options = if in_memory {
             options.idle_timeout(None).max_lifetime(None)
@@ -138,8 +163,21 @@ impl SqlStore {
             dialect,
             table: table.to_string(),
             lease_rows_ready: Mutex::new(HashSet::new()),
+            cursors: Cursors::default(),
             statements: AtomicU64::new(0),
+            cols: Columns::default(),
         })
+    }
+
+    /// The same store on a table mapped by `[table]` (see `columns.rs`).
+    pub fn with_columns(mut self, cols: Columns) -> SqlStore {
+        self.cols = cols.quoted_for(self.dialect);
+        self
+    }
+
+    /// The table's mapping.
+    pub fn columns(&self) -> &Columns {
+        &self.cols
     }
 
     /// The pool, for tests and benchmarks that inspect the table directly.
@@ -173,6 +211,9 @@ impl SqlStore {
 
     /// Creates or upgrades the tables (idempotent, safe to run from several instances).
     pub async fn migrate(&self) -> anyhow::Result<()> {
+        if self.cols.mapped {
+            return migrate::lease_only(&self.pool, self.dialect).await;
+        }
         let applied = migrate::run(&self.pool, self.dialect, &self.table).await?;
         if applied.is_empty() {
             tracing::info!(table = %self.table, "schema is up to date");
@@ -190,6 +231,11 @@ impl SqlStore {
 
     /// Inserts a row and returns its id (the `enqueue` verb, tests and benchmarks).
     pub async fn enqueue(&self, row: &NewRow) -> anyhow::Result<i64> {
+        anyhow::ensure!(
+            !self.cols.mapped,
+            "enqueue writes the relay's own table; a table mapped by [table] is written by its \
+             application"
+        );
         let mut q = Sql::new(&format!(
             "INSERT INTO {} (channel, recipient, payload, ordering_key) VALUES (",
             self.table
@@ -225,9 +271,12 @@ impl Queue for SqlStore {
             if req.budgets.as_ref().is_some_and(|b| b.total() == 0) || req.limit == 0 {
                 return Ok(Vec::new());
             }
+            let floors = self.cursors.plan();
             let rows = match self.dialect {
-                Dialect::MySql { skip_locked, .. } => mysql::claim(self, req, skip_locked).await?,
-                _ => self.claim_returning(req).await?,
+                Dialect::MySql { skip_locked, .. } => {
+                    mysql::claim(self, req, skip_locked, &floors).await?
+                }
+                _ => self.claim_returning(req, &floors).await?,
             };
             let mut claimed = Vec::with_capacity(rows.len());
             for row in &rows {
@@ -242,6 +291,14 @@ impl Queue for SqlStore {
             // picks found (oldest and newest first, see `picks`) is delivered once.
             claimed.sort_by_key(|r| r.delivery.id);
             claimed.dedup_by_key(|r| r.delivery.id);
+            if let Some(b) = &req.budgets {
+                let picked: Vec<(&str, u32, u32)> = b
+                    .channels
+                    .iter()
+                    .map(|(c, n)| (c.as_str(), *n, newest_share(*n, req.newest)))
+                    .collect();
+                self.cursors.claimed(&picked, &claimed);
+            }
             Ok(claimed)
         })
     }
@@ -251,7 +308,9 @@ impl Queue for SqlStore {
             if done.is_empty() {
                 return Ok(0);
             }
-            self.write_results(done).await
+            let written = self.write_results(done).await;
+            self.cursors.completed(done);
+            written
         })
     }
 }

@@ -2,6 +2,17 @@
 //! SQLite has one writer at a time, so a claim (one `UPDATE ... RETURNING`) is atomic without
 //! row locks; the database runs in WAL mode so `enqueue` and `status` do not block the relay.
 
+/// The lease table (`outbox_relay_lease`): also created beside a mapped table.
+pub(super) fn lease_table() -> String {
+    "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NULL,
+            lease_until TEXT NULL,
+            epoch INTEGER NOT NULL DEFAULT 0
+        )"
+    .to_string()
+}
+
 /// Schema version 1.
 pub(super) fn schema_v1(t: &str) -> Vec<String> {
     let now = "(strftime('%Y-%m-%d %H:%M:%f','now'))";
@@ -40,12 +51,6 @@ pub(super) fn schema_v1(t: &str) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
              WHERE status IN ('PENDING', 'RETRY')"
         ),
-        "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
-            name TEXT PRIMARY KEY,
-            holder TEXT NULL,
-            lease_until TEXT NULL,
-            epoch INTEGER NOT NULL DEFAULT 0
-        )"
-        .to_string(),
+        lease_table(),
     ]
 }

@@ -25,7 +25,7 @@ impl SqlStore {
     /// The highest id in the table, if any row exists.
     pub async fn newest_id(&self) -> anyhow::Result<Option<i64>> {
         let row = self
-            .sql(&format!("SELECT MAX(id) FROM {}", self.table))
+            .sql(&format!("SELECT MAX({}) FROM {}", self.cols.id, self.table))
             .fetch_one(&self.pool)
             .await?;
         Ok(row.try_get::<Option<i64>, _>(0)?)

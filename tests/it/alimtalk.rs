@@ -17,33 +17,33 @@ use sha2::Sha256;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, ResponseTemplate};
 
-const APP_KEY: &str = "AppKey123";
+pub(crate) const APP_KEY: &str = "AppKey123";
 /// Distinctive secrets, looked for in the relay's log.
-const SECRET_KEY: &str = "nhn-SECRET-KEY-4c1d8e2f9a";
+pub(crate) const SECRET_KEY: &str = "nhn-SECRET-KEY-4c1d8e2f9a";
 const API_SECRET: &str = "solapi-API-SECRET-b7e05d3c61";
 const API_KEY: &str = "NCSTESTAPIKEY01";
-const SENDER_KEY: &str = "1234567890123456789012345678901234567890";
-const NHN_PATH: &str = "/alimtalk/v2.3/appkeys/AppKey123/messages";
+pub(crate) const SENDER_KEY: &str = "1234567890123456789012345678901234567890";
+pub(crate) const NHN_PATH: &str = "/alimtalk/v2.3/appkeys/AppKey123/messages";
 const SOLAPI_PATH: &str = "/messages/v4/send";
 
 /// How a fake answers a request (given it and its number, 1-based).
-type Script = Arc<dyn Fn(&Seen, usize) -> ResponseTemplate + Send + Sync>;
+pub(crate) type Script = Arc<dyn Fn(&Seen, usize) -> ResponseTemplate + Send + Sync>;
 /// A vendor's request checks, and how it answers a request that fails them.
-type Check = (
+pub(crate) type Check = (
     fn(&Seen) -> Result<(), String>,
     fn(String) -> ResponseTemplate,
 );
 
 /// A loopback vendor: its server, what it received, what it found wrong.
-struct Fake {
-    server: MockServer,
-    seen: Log,
+pub(crate) struct Fake {
+    pub(crate) server: MockServer,
+    pub(crate) seen: Log,
     problems: Arc<Mutex<Vec<String>>>,
 }
 
 impl Fake {
     /// `check` finds what the vendor would refuse; `reject` answers it as the vendor would.
-    async fn start(route: &'static str, check: Check, script: Script) -> Fake {
+    pub(crate) async fn start(route: &'static str, check: Check, script: Script) -> Fake {
         let (check, reject) = check;
         let server = MockServer::start().await;
         let seen = Log::default();
@@ -69,7 +69,7 @@ impl Fake {
         }
     }
 
-    fn problems(&self) -> Vec<String> {
+    pub(crate) fn problems(&self) -> Vec<String> {
         self.problems.lock().unwrap().clone()
     }
 }
@@ -103,7 +103,7 @@ fn nhn_check(s: &Seen) -> Result<(), String> {
 }
 
 /// NHN's checks and its refusal (header-level -1001 with the problem as the message).
-const NHN: Check = (nhn_check, |p| {
+pub(crate) const NHN: Check = (nhn_check, |p| {
     ResponseTemplate::new(200).set_body_json(json!({
         "header": {"resultCode": -1001, "resultMessage": p, "isSuccessful": false}}))
 });
@@ -129,7 +129,7 @@ fn nhn_to(s: &Seen) -> String {
 }
 
 /// Answers by recipient number: `0100000000N` picks the class.
-fn nhn_script() -> Script {
+pub(crate) fn nhn_script() -> Script {
     Arc::new(|s, _| match nhn_to(s).as_str() {
         "01000000001" => nhn_answer(-1001, None),
         "01000000002" => nhn_answer(0, Some(-5000)),

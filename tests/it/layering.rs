@@ -14,9 +14,11 @@ const LAYERS: &[(&str, u8)] = &[
     ("store", 2),
     ("lease", 3),
     ("retry", 3),
+    ("fuzzing", 3),
     ("telemetry", 4),
     ("housekeeping", 4),
     ("relay", 5),
+    ("console", 5),
     ("cli", 6),
 ];
 

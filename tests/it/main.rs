@@ -4,21 +4,27 @@
 //! loopback, and the relay binary as a process.
 //!
 //! Modules by subject: the store and its SQL ([`store`], [`timezones`]), leases ([`lease`],
-//! [`redis_lease`], [`redlock_lease`]), delivery end to end ([`delivery`], [`claim_mode`],
+//! [`redis_lease`], [`redlock_lease`], the Java pollers' locks [`java_locks`]), delivery end to end ([`delivery`], [`claim_mode`],
 //! [`bad_input`], [`memory`]), the vendors ([`fcm`], [`alimtalk`]), and operating it
-//! ([`config`], [`admin`], [`http`]).
+//! ([`config`], [`admin`], [`http`], [`console`], which also drives a real browser).
 
 #[macro_use]
 mod support;
 
 mod admin;
+mod adopt;
 mod alimtalk;
 mod bad_input;
+mod chaos;
 mod claim_mode;
+mod claim_rule;
 mod config;
+mod console;
 mod delivery;
 mod fcm;
+mod fuzz_corpus;
 mod http;
+mod java_locks;
 mod layering;
 mod lease;
 mod memory;

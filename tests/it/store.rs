@@ -1058,3 +1058,91 @@ async fn newest_rows_are_not_starved_by_a_backlog(db: Db) {
     td.drop_table().await;
 }
 per_db!(newest_rows_are_not_starved_by_a_backlog);
+
+per_db!(rows_due_again_below_the_floor_are_claimed_within_a_full_walk);
+/// Claims start each channel's oldest pick above a floor (the rows below were claimed or not
+/// claimable when a claim last looked), so they do not walk finished rows. A row that comes
+/// due again below the floor (a retry with no backoff) is still claimed, by the full walk
+/// made at least every `FULL_WALK_EVERY`; a row given back is claimed by the very next claim.
+async fn rows_due_again_below_the_floor_are_claimed_within_a_full_walk(db: Db) {
+    let Some(td) = TestDb::open(db, "st_floor").await else {
+        return;
+    };
+    let store = td.store.clone();
+    td.insert("hook", (0..12).map(|_| (None, "{}".to_string())))
+        .await;
+    let budget = |n: u32| {
+        let mut req = request(n, LONG, "a", None);
+        req.budgets = Some(Budgets {
+            channels: vec![("hook".into(), n)],
+            others: None,
+        });
+        req
+    };
+    let first = budget(4);
+    let rows = bounded("claim", store.claim(&first)).await;
+    assert_eq!(rows.len(), 4);
+    let (retried, given_back) = (rows[1].delivery.id, rows[2].delivery.id);
+    let retry = Resolution::Retry {
+        delay: Duration::ZERO,
+        error: "try again".into(),
+    };
+    complete(&*store, &[completion(&first, retried, retry)]).await;
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while !seen.contains(&retried) {
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "row {retried}, due again below the floor, was not claimed: {seen:?}"
+        );
+        let req = budget(2);
+        let rows = bounded("claim", store.claim(&req)).await;
+        seen.extend(ids(&rows));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let release = Resolution::Release {
+        delay: Duration::ZERO,
+        error: None,
+    };
+    complete(&*store, &[completion(&first, given_back, release)]).await;
+    let rows = bounded("claim", store.claim(&budget(2))).await;
+    assert!(
+        ids(&rows).contains(&given_back),
+        "a row given back is claimed by the next claim: {:?}",
+        ids(&rows)
+    );
+    td.drop_table().await;
+}
+
+per_db!(blocked_keys_gauge_counts_keys_waiting_behind_an_unfinished_row);
+/// `ordering_blocked_keys`: keys with an unfinished row behind an earlier unfinished row of the
+/// same key. (On MySQL/MariaDB it reads the indexed `open_key` column, which holds the key of
+/// unfinished rows only: a finished head no longer blocks.)
+async fn blocked_keys_gauge_counts_keys_waiting_behind_an_unfinished_row(db: Db) {
+    let Some(td) = TestDb::open(db, "st_blocked").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let k1 = td.enqueue("hook", "{}", Some("k")).await;
+    td.enqueue("hook", "{}", Some("k")).await;
+    td.enqueue("hook", "{}", Some("k")).await;
+    td.enqueue("hook", "{}", Some("j")).await;
+    let j2 = td.enqueue("hook", "{}", Some("j")).await;
+    td.enqueue("hook", "{}", Some("alone")).await;
+    td.enqueue("hook", "{}", None).await;
+    let blocked = || async { store.sample().await.expect("sample").ordering_blocked_keys };
+    assert_eq!(blocked().await, 2, "k and j wait behind their heads");
+    td.exec(&format!(
+        "UPDATE {} SET status = 'SUCCESS' WHERE id = {k1}",
+        td.table
+    ))
+    .await;
+    td.exec(&format!("DELETE FROM {} WHERE id = {j2}", td.table))
+        .await;
+    assert_eq!(
+        blocked().await,
+        1,
+        "k's next row still waits behind the one after its head"
+    );
+    td.drop_table().await;
+}

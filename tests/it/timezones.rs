@@ -4,89 +4,14 @@
 //! test with its global zone at +09:00, the zone of the Alimtalk users); a table of the old
 //! DATETIME schema is converted without making any row wait.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::support::mariadb::PrivateMariaDb;
 use crate::support::process::*;
 use crate::support::receiver::Receiver;
 use crate::support::*;
 use outbox_relay::store::{ClaimRequest, Queue, SqlStore};
 use sqlx::{Connection, Executor};
-
-/// A MariaDB server of the test's own, on a free port, its data in a temporary directory;
-/// killed when dropped.
-struct PrivateMariaDb {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivateMariaDb {
-    /// Starts one whose global time zone is `zone`, with a database `t`. `None` when the
-    /// server binaries are missing and services are not required.
-    async fn start(zone: &str) -> Option<PrivateMariaDb> {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let data: PathBuf = dir.path().join("data");
-        let installed = Command::new("mariadb-install-db")
-            .args(["--no-defaults", "--user=root", "--skip-test-db"])
-            .arg(format!("--datadir={}", data.display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if !installed.is_ok_and(|s| s.success()) {
-            assert!(!services_required(), "mariadb-install-db is required");
-            eprintln!("skipped: mariadb-install-db not available");
-            return None;
-        }
-        let port = free_port();
-        let child = Command::new("mariadbd")
-            .args(["--no-defaults", "--user=root", "--skip-grant-tables"])
-            .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--port={port}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--socket={}", dir.path().join("sock").display()))
-            .arg(format!("--pid-file={}", dir.path().join("pid").display()))
-            .arg(format!("--default-time-zone={zone}"))
-            .arg("--innodb-buffer-pool-size=16M")
-            .arg(format!(
-                "--log-error={}",
-                dir.path().join("err.log").display()
-            ))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("mariadbd");
-        let server = PrivateMariaDb {
-            child,
-            port,
-            _dir: dir,
-        };
-        let root = format!("mysql://root@127.0.0.1:{port}/mysql");
-        until("private MariaDB up", Duration::from_secs(30), || {
-            let root = root.clone();
-            async move {
-                match sqlx::mysql::MySqlConnection::connect(&root).await {
-                    Ok(mut c) => c.execute("CREATE DATABASE IF NOT EXISTS t").await.is_ok(),
-                    Err(_) => false,
-                }
-            }
-        })
-        .await;
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("mysql://root@127.0.0.1:{}/t", self.port)
-    }
-}
-
-impl Drop for PrivateMariaDb {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Inserts a row the way an application does: its own session, in `zone` (`None`: the
 /// server's), DEFAULT timestamps, or `NOW()` written explicitly by the application.

@@ -31,7 +31,12 @@ pub use config::{
     AlimtalkConfig, NHN_ENDPOINT, NhnKeys, Provider, SOLAPI_ENDPOINT, SolapiKeys, UnknownOutcome,
 };
 pub use idempotency::{IdempotencyKeys, KeyFate};
+/// The vendors' request bodies and answer reading, for the fuzz targets only (`fuzzing`).
+#[doc(hidden)]
+pub use nhn::{Nhn, interpret as interpret_nhn};
 pub use payload::{Fallback, TemplateMessage, normalize_phone};
+#[doc(hidden)]
+pub use solapi::{Solapi, interpret as interpret_solapi};
 pub use solapi::{authorization, iso8601, signature};
 
 pub(crate) use super::snippet;

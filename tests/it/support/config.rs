@@ -16,7 +16,11 @@ pub struct Config {
     retry: Vec<(&'static str, String)>,
     /// `[lease]` keys.
     lease: Vec<(&'static str, String)>,
+    /// `[console]` keys (the section is written only when it has some).
+    console: Vec<(&'static str, String)>,
     sinks: Vec<Sink>,
+    /// Further sections, as TOML text (`[table]` for a mapped table).
+    sections: Vec<String>,
 }
 
 /// One `[sinks.NAME]` table.
@@ -46,8 +50,16 @@ impl Config {
             relay: vec![("poll_interval", quoted("50ms"))],
             retry: Vec::new(),
             lease: Vec::new(),
+            console: Vec::new(),
             sinks: vec![Sink::webhook("hook", url).timeout(Duration::from_secs(5))],
+            sections: Vec::new(),
         }
+    }
+
+    /// Appends sections written as TOML (e.g. a `[table]` mapping).
+    pub fn sections(mut self, toml: &str) -> Config {
+        self.sections.push(toml.to_string());
+        self
     }
 
     /// No sink at all (the relay's built-in `log` sink).
@@ -124,6 +136,37 @@ impl Config {
         self.lease_timing(ttl, renew_timeout)
     }
 
+    /// `[console]` on a free loopback port (the relay logs the address) with `token`.
+    pub fn console(mut self, token: &str) -> Config {
+        set(&mut self.console, "listen", quoted("127.0.0.1:0"));
+        set(&mut self.console, "token", quoted(token));
+        self
+    }
+
+    /// One more `[console]` key, its value as TOML (`"true"`, `"\"x\""`).
+    pub fn console_key(mut self, key: &'static str, toml_value: &str) -> Config {
+        set(&mut self.console, key, toml_value.to_string());
+        self
+    }
+
+    /// `[lease]`: `backend` (e.g. the Java-compatible `redisson`, `shedlock`,
+    /// `mysql-get-lock`) with its timing; other keys with [`Config::lease_key`].
+    pub fn lease_backend(
+        mut self,
+        backend: &str,
+        ttl: Duration,
+        renew_timeout: Duration,
+    ) -> Config {
+        set(&mut self.lease, "backend", quoted(backend));
+        self.lease_timing(ttl, renew_timeout)
+    }
+
+    /// One `[lease]` key with a string value (e.g. `redis_url`, `shedlock_table`).
+    pub fn lease_key(mut self, key: &'static str, value: &str) -> Config {
+        set(&mut self.lease, key, quoted(value));
+        self
+    }
+
     /// `lease.ttl` and `lease.renew_timeout`.
     pub fn lease_timing(mut self, ttl: Duration, renew_timeout: Duration) -> Config {
         set(&mut self.lease, "ttl", quoted(&ms(ttl)));
@@ -190,6 +233,9 @@ impl Config {
         section("retry", &self.retry);
         section("lease", &self.lease);
         section("log", &[("level", quoted("info"))]);
+        if !self.console.is_empty() {
+            section("console", &self.console);
+        }
         for s in &self.sinks {
             out.push_str(&format!("[sinks.{}]\n", s.name));
             for (k, v) in &s.keys {
@@ -203,6 +249,10 @@ impl Config {
                     .collect();
                 out.push_str(&format!("headers = {{ {} }}\n", h.join(", ")));
             }
+            out.push('\n');
+        }
+        for extra in &self.sections {
+            out.push_str(extra);
             out.push('\n');
         }
         out

@@ -6,11 +6,16 @@
 //! makes it fail instead.
 
 pub mod config;
+pub mod console;
 pub mod counting;
+pub mod mariadb;
+pub mod postgres;
 pub mod process;
 pub mod receiver;
 pub mod redis;
+pub mod storm;
 pub mod vendors;
+pub mod webdriver;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -162,6 +162,11 @@ impl RelayProc {
         self
     }
 
+    /// Prints only the last `n` lines of the log if the test fails (none for 0).
+    pub fn set_log_tail(&mut self, n: usize) {
+        self.tail = Some(n);
+    }
+
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -249,12 +254,22 @@ impl RelayProc {
     /// The HTTP address (`/metrics`, `/readyz`), from the "serving /metrics" log line; waits up
     /// to 10 s for it.
     pub async fn http_addr(&self) -> String {
+        self.logged_addr("serving /metrics").await
+    }
+
+    /// The console's address, from the "serving the console" log line; waits up to 10 s.
+    pub async fn console_addr(&self) -> String {
+        self.logged_addr("serving the console").await
+    }
+
+    /// The `addr=` of the first log line containing `marker`; waits up to 10 s for it.
+    async fn logged_addr(&self, marker: &str) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let log = self.log_text();
             let found = log
                 .lines()
-                .filter(|l| l.contains("serving /metrics"))
+                .filter(|l| l.contains(marker))
                 .find_map(|l| l.split("addr=").nth(1))
                 .and_then(|rest| rest.split_whitespace().next())
                 .map(str::to_string);
@@ -262,7 +277,10 @@ impl RelayProc {
                 return addr;
             }
             if Instant::now() >= deadline {
-                panic!("relay {} never logged its HTTP address:\n{log}", self.name);
+                panic!(
+                    "relay {} never logged {marker:?} with an address:\n{log}",
+                    self.name
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -319,6 +337,7 @@ impl Drop for RelayProc {
             let log = self.log_text();
             let lines: Vec<&str> = log.lines().collect();
             let shown = match self.tail {
+                Some(0) => &lines[..0],
                 Some(n) => {
                     eprintln!("---- log of relay {} (last {n} lines) ----", self.name);
                     &lines[lines.len().saturating_sub(n)..]

@@ -286,6 +286,43 @@ pub async fn command(port: u16, password: Option<&str>, args: &[&str]) -> anyhow
         .map_err(|_| anyhow::anyhow!("redis command {:?} timed out", args.first()))?
 }
 
+/// A connection subscribed to one channel, as a Redis client library's waiters are.
+pub struct Subscription {
+    conn: BufReader<TcpStream>,
+}
+
+impl Subscription {
+    /// Subscribes to `channel` on 127.0.0.1:`port`; returns once the server confirmed it.
+    pub async fn open(port: u16, channel: &str) -> anyhow::Result<Subscription> {
+        let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        let mut conn = BufReader::new(stream);
+        write_command(&mut conn, &["SUBSCRIBE", channel]).await?;
+        let confirm = tokio::time::timeout(Duration::from_secs(2), read_reply(&mut conn))
+            .await
+            .map_err(|_| anyhow::anyhow!("SUBSCRIBE {channel} not confirmed"))??;
+        anyhow::ensure!(
+            matches!(&confirm, Resp::Array(Some(v)) if v.first().and_then(Resp::text) == Some("subscribe")),
+            "SUBSCRIBE {channel}: {confirm:?}"
+        );
+        Ok(Subscription { conn })
+    }
+
+    /// The next message's (channel, payload), or `None` when none arrives within `timeout`.
+    pub async fn next(&mut self, timeout: Duration) -> Option<(String, String)> {
+        let reply = tokio::time::timeout(timeout, read_reply(&mut self.conn))
+            .await
+            .ok()?
+            .ok()?;
+        match reply {
+            Resp::Array(Some(v)) if v.len() == 3 && v[0].text() == Some("message") => Some((
+                v[1].text().unwrap_or_default().to_string(),
+                v[2].text().unwrap_or_default().to_string(),
+            )),
+            _ => None,
+        }
+    }
+}
+
 async fn write_command(conn: &mut BufReader<TcpStream>, args: &[&str]) -> anyhow::Result<()> {
     let mut buf = format!("*{}\r\n", args.len()).into_bytes();
     for a in args {

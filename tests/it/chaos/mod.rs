@@ -1,0 +1,776 @@
+//! The chaos run (issue 13): three real relay processes deliver rows that are inserted while
+//! faults strike on a seeded schedule, against services of the run's own on 127.0.0.1 (a
+//! private PostgreSQL cluster or MariaDB server, a private `redis-server`, the
+//! [`StormReceiver`]). At the end the table and the receiver's record must show no row lost,
+//! none stuck, every duplicate caused by a kill or a pause of the instance that had it in
+//! flight (at most `max_in_flight` per fault), and each ordering key's rows first sent in id
+//! order ([`report`]). One summary table is printed.
+//!
+//! Scenarios: `relay.mode = "claim"` and leader mode with the `redis` lease on PostgreSQL, and
+//! claim mode on MariaDB. Faults: kill -9 of a random instance about every 10 s and its
+//! restart; SIGSTOP of the lease holder (claim mode: a random instance) past its ttl /
+//! claim_ttl, then SIGCONT; SIGTERM and restart (a graceful stop, which must cause no
+//! duplicate); Redis killed and restarted (leader scenario); the database stopped (cleanly, or
+//! crashed: `pg_ctl -m immediate`, SIGKILL of `mariadbd`) and restarted; receiver storms (503s,
+//! 429 with Retry-After, connection resets, answers slower than the sink timeout), all
+//! transient.
+//!
+//! Short form (the default, part of `cargo test`): 6,000 rows per scenario over about 45 s of
+//! faults. Long form: `OUTBOX_RELAY_CHAOS_ROWS` (rows per scenario),
+//! `OUTBOX_RELAY_CHAOS_DURATION` (`600s`, `10m`), `OUTBOX_RELAY_CHAOS_SEED` (repeats a
+//! schedule), e.g. `OUTBOX_RELAY_CHAOS_ROWS=100000 OUTBOX_RELAY_CHAOS_DURATION=12m cargo test
+//! --test it chaos:: -- --nocapture --test-threads=3`.
+
+mod report;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::config::Config;
+use crate::support::mariadb::PrivateMariaDb;
+use crate::support::postgres::PrivatePostgres;
+use crate::support::process::RelayProc;
+use crate::support::redis::RedisServer;
+use crate::support::storm::{Storm, StormReceiver};
+use crate::support::{Db, TestDb, unique_table};
+use outbox_relay::store::SqlStore;
+use report::{Evidence, Fault, Kind, Row};
+use sqlx::Row as _;
+
+/// The instances, by their `x-relay` header (each restart is a new instance id, `a-2`, ...).
+const SLOTS: [&str; 3] = ["a", "b", "c"];
+/// `batch_size` and `max_in_flight`: the duplicate bound per kill or pause.
+const IN_FLIGHT: u32 = 16;
+const SINK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Calm answers take this long after the receiver accepted (acted on) a request: a kill in
+/// between is a duplicate the run must account for.
+const CALM_ANSWER: Duration = Duration::from_millis(10);
+/// `Slow` storms answer after this (past the sink timeout).
+const SLOW_ANSWER: Duration = Duration::from_millis(1500);
+/// The shortest claim_ttl the relay accepts with a 1 s sink timeout.
+const CLAIM_TTL: Duration = Duration::from_secs(6);
+const LEASE_TTL: Duration = Duration::from_secs(2);
+const RENEW_TIMEOUT: Duration = Duration::from_millis(400);
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Of every 10 rows, this many carry one of [`KEYS`] ordering keys.
+const KEYED_IN_10: u64 = 3;
+const KEYS: u64 = 20;
+
+/// Rows, fault time and seed of one run.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    rows: u64,
+    duration: Duration,
+    seed: u64,
+}
+
+/// `600` (seconds), or as the relay's settings spell durations (`90s`, `10m`, `1h30m`).
+fn parse_duration(s: &str) -> Option<Duration> {
+    match s.trim().parse::<u64>() {
+        Ok(secs) => Some(Duration::from_secs(secs)),
+        Err(_) => outbox_relay::config::duration::parse(s).ok(),
+    }
+}
+
+impl Plan {
+    /// From the environment; the short form by default.
+    fn from_env() -> Plan {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let rows = var("OUTBOX_RELAY_CHAOS_ROWS").map_or(6_000, |v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("OUTBOX_RELAY_CHAOS_ROWS={v:?} is not a number"))
+        });
+        let duration = var("OUTBOX_RELAY_CHAOS_DURATION").map_or(Duration::from_secs(45), |v| {
+            parse_duration(&v).unwrap_or_else(|| {
+                panic!("OUTBOX_RELAY_CHAOS_DURATION={v:?}: use seconds, 90s, 10m or 1h30m")
+            })
+        });
+        let seed = var("OUTBOX_RELAY_CHAOS_SEED").map_or_else(
+            || {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1)
+            },
+            |v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|_| panic!("OUTBOX_RELAY_CHAOS_SEED={v:?} is not a number"))
+            },
+        );
+        Plan {
+            rows,
+            duration,
+            seed,
+        }
+    }
+}
+
+/// SplitMix64: a seeded, dependency-free generator (the schedule must repeat from the seed).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        mix(self.0)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// A duration between `lo` and `hi` milliseconds.
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Row `seq`'s ordering key (a fixed function of `seq`, so keys interleave).
+fn key_of(seq: u64) -> Option<String> {
+    let h = mix(seq);
+    (h % 10 < KEYED_IN_10).then(|| format!("k{}", (h >> 8) % KEYS))
+}
+
+/// Inserts rows `seqs` in one transaction with plain SQL, as an application does.
+async fn insert_txn(
+    store: &SqlStore,
+    db: Db,
+    table: &str,
+    seqs: std::ops::Range<u64>,
+) -> anyhow::Result<()> {
+    let cast = if db == Db::Postgres { "::jsonb" } else { "" };
+    let values: Vec<String> = seqs
+        .map(|seq| {
+            let key = key_of(seq);
+            let payload = match &key {
+                Some(k) => format!(r#"{{"seq":{seq},"key":"{k}"}}"#),
+                None => format!(r#"{{"seq":{seq}}}"#),
+            };
+            let key = key.map_or("NULL".into(), |k| format!("'{k}'"));
+            format!("('hook', '{payload}'{cast}, {key})")
+        })
+        .collect();
+    let sql = format!(
+        "INSERT INTO {table} (channel, payload, ordering_key) VALUES {}",
+        values.join(", ")
+    );
+    let mut tx = store.pool().begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// What the inserter did: when each row's COMMIT returned, and rows whose transaction failed
+/// (the database was down: committed or not, the table tells).
+#[derive(Default)]
+struct Inserted {
+    commits: HashMap<u64, Instant>,
+    uncertain: u64,
+}
+
+/// Inserts rows `from..to` at `rate` rows per second in small transactions (a single writer, so
+/// each key's rows get ids in `seq` order); gives up at `deadline`.
+async fn insert_rows(
+    store: Arc<SqlStore>,
+    db: Db,
+    table: String,
+    from: u64,
+    to: u64,
+    rate: f64,
+    deadline: Instant,
+) -> Inserted {
+    let mut out = Inserted::default();
+    let start = Instant::now();
+    let mut seq = from;
+    while seq < to && Instant::now() < deadline {
+        let due = from + ((start.elapsed().as_secs_f64() * rate) as u64).min(to - from);
+        if seq >= due {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        }
+        // 1 to 5 rows; up to 50 while catching up after an outage or on a slow database.
+        let behind = due - seq;
+        let n = if behind > 50 {
+            50
+        } else {
+            1 + mix(seq ^ 0xABCD) % 5
+        }
+        .min(to - seq);
+        let done = tokio::time::timeout(
+            Duration::from_secs(5),
+            insert_txn(&store, db, &table, seq..seq + n),
+        )
+        .await;
+        match done {
+            Ok(Ok(())) => {
+                let at = Instant::now();
+                out.commits.extend((seq..seq + n).map(|s| (s, at)));
+            }
+            _ => {
+                out.uncertain += n;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        seq += n;
+    }
+    out
+}
+
+/// The run's own database server, which it stops and starts again.
+enum Server {
+    Postgres(PrivatePostgres),
+    MariaDb(PrivateMariaDb),
+}
+
+impl Server {
+    /// Starts one for `db` (PostgreSQL or MariaDB); `None` when skipped.
+    async fn start(db: Db) -> Option<Server> {
+        match db {
+            Db::Postgres => PrivatePostgres::start().await.map(Server::Postgres),
+            _ => PrivateMariaDb::start("+00:00").await.map(Server::MariaDb),
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Server::Postgres(s) => s.url(),
+            Server::MariaDb(s) => s.url(),
+        }
+    }
+
+    /// Stops it: a crash (`pg_ctl -m immediate`, SIGKILL) or a clean shutdown.
+    async fn stop(&mut self, crash: bool) {
+        match self {
+            Server::Postgres(s) => s.stop(crash).await,
+            Server::MariaDb(s) => s.stop(crash).await,
+        }
+    }
+
+    async fn start_again(&mut self) {
+        match self {
+            Server::Postgres(s) => s.start_again().await,
+            Server::MariaDb(s) => s.start_again().await,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Claim,
+    Leader,
+}
+
+/// One relay slot: the running process (`None` while it is down) and its restarts.
+struct Slot {
+    name: &'static str,
+    generation: u32,
+    proc: Option<RelayProc>,
+}
+
+/// Fields drop in order: the relays first (their guards print their logs, which live in the
+/// test's directory, if the run failed), then the receiver, the table's directory and the
+/// servers.
+struct Run {
+    slots: Vec<Slot>,
+    rx: StormReceiver,
+    td: TestDb,
+    server: Server,
+    redis: Option<RedisServer>,
+    mode: Mode,
+    plan: Plan,
+    rng: Rng,
+    faults: Vec<Fault>,
+    /// Instances that exited without being told to (a relay must outlive every fault).
+    exits: Vec<String>,
+    t0: Instant,
+}
+
+impl Run {
+    fn config(&self, slot: &str) -> Config {
+        let c = Config::webhook(&self.rx.url())
+            .in_flight(IN_FLIGHT)
+            .claim_ttl(CLAIM_TTL)
+            .shutdown_timeout(SHUTDOWN_TIMEOUT)
+            .retry(Duration::from_millis(100), Duration::from_secs(1), 100_000)
+            .hook(|s| {
+                s.timeout(SINK_TIMEOUT)
+                    .concurrency(IN_FLIGHT)
+                    .header("x-relay", slot)
+            });
+        match (self.mode, &self.redis) {
+            (Mode::Leader, Some(r)) => c.redis_lease(&r.url(), LEASE_TTL, RENEW_TIMEOUT),
+            _ => c.claim_mode(),
+        }
+    }
+
+    fn start_slot(&mut self, i: usize) {
+        let slot = &self.slots[i];
+        let instance = format!("{}-{}", slot.name, slot.generation + 1);
+        let proc = RelayProc::start(&self.td, &self.config(slot.name), &instance);
+        let slot = &mut self.slots[i];
+        slot.generation += 1;
+        slot.proc = Some(proc);
+    }
+
+    fn proc(&mut self, i: usize) -> &mut RelayProc {
+        self.slots[i].proc.as_mut().expect("the slot's relay runs")
+    }
+
+    /// The instance to hit: in leader mode the one delivering (the holder), else any.
+    fn target(&mut self) -> (usize, bool) {
+        if self.mode == Mode::Leader
+            && let Some(s) = self
+                .rx
+                .latest_sender_since(Instant::now() - Duration::from_secs(1))
+        {
+            return (s as usize, true);
+        }
+        (self.rng.below(SLOTS.len() as u64) as usize, false)
+    }
+
+    fn log(&self, what: &str) {
+        println!(
+            "[chaos {:?}/{} {:7.2}s] {what}",
+            self.mode,
+            self.td.db.name(),
+            self.t0.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Notes and restarts any instance that exited by itself, so the run goes on.
+    fn check_alive(&mut self) {
+        for i in 0..self.slots.len() {
+            let Some(p) = self.slots[i].proc.as_mut() else {
+                continue;
+            };
+            if !p.running() {
+                let tail: Vec<String> = p
+                    .log_text()
+                    .lines()
+                    .rev()
+                    .take(5)
+                    .map(String::from)
+                    .collect();
+                let what = format!(
+                    "relay {} exited by itself at {:.1}s; its log ends:\n    {}",
+                    p.name,
+                    self.t0.elapsed().as_secs_f64(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n    ")
+                );
+                self.log(&what);
+                self.exits.push(what);
+                self.start_slot(i);
+            }
+        }
+    }
+
+    async fn inject(&mut self, kind: Kind) {
+        let mut at = Instant::now();
+        let mut slot = None;
+        let mut holder = false;
+        match kind {
+            Kind::Kill9 => {
+                let (i, h) = self.target_any_or_holder();
+                (slot, holder) = (Some(i as u8), h);
+                self.proc(i).kill9();
+                // Once it is gone (kill9 reaps it): what it sent before may still be read.
+                at = Instant::now();
+                let down = self.rng.ms(300, 1500);
+                self.log(&format!(
+                    "kill -9 {} (holder: {h}), down {down:?}",
+                    SLOTS[i]
+                ));
+                tokio::time::sleep(down).await;
+                self.start_slot(i);
+            }
+            Kind::Pause => {
+                let (i, h) = self.target();
+                (slot, holder) = (Some(i as u8), h);
+                let ttl = if self.mode == Mode::Leader {
+                    LEASE_TTL
+                } else {
+                    CLAIM_TTL
+                };
+                let pause = ttl + self.rng.ms(500, 1500);
+                self.log(&format!("SIGSTOP {} (holder: {h}) for {pause:?}", SLOTS[i]));
+                self.proc(i).signal("STOP");
+                at = Instant::now();
+                tokio::time::sleep(pause).await;
+                self.proc(i).signal("CONT");
+            }
+            Kind::Graceful => {
+                let i = self.rng.below(SLOTS.len() as u64) as usize;
+                slot = Some(i as u8);
+                self.log(&format!("SIGTERM {}", SLOTS[i]));
+                self.proc(i).sigterm();
+                self.proc(i)
+                    .wait_exit(SHUTDOWN_TIMEOUT + Duration::from_secs(10))
+                    .await;
+                self.start_slot(i);
+            }
+            Kind::RedisRestart => {
+                let down = self.rng.ms(300, 1500);
+                self.log(&format!("redis-server killed, down {down:?}"));
+                let redis = self.redis.as_mut().expect("leader scenario has redis");
+                redis.kill();
+                tokio::time::sleep(down).await;
+                redis.restart().await;
+            }
+            Kind::DbRestart => {
+                let immediate = self.rng.below(2) == 0;
+                let down = self.rng.ms(300, 1500);
+                self.log(&format!(
+                    "database {}, down {down:?}",
+                    if immediate { "crashed" } else { "shut down" }
+                ));
+                self.server.stop(immediate).await;
+                tokio::time::sleep(down).await;
+                self.server.start_again().await;
+            }
+            Kind::Storm(s) => {
+                let len = self.rng.ms(1000, 3000);
+                self.log(&format!("{} for {len:?}", s.name()));
+                self.rx.set_storm(s);
+                tokio::time::sleep(len).await;
+                self.rx.set_storm(Storm::Calm);
+            }
+        }
+        self.faults.push(Fault {
+            kind,
+            slot,
+            holder,
+            at,
+            end: Instant::now(),
+        });
+    }
+
+    /// kill -9 hits a random instance (leader mode: the holder every other time, so failovers
+    /// are measured and standbys are killed too).
+    fn target_any_or_holder(&mut self) -> (usize, bool) {
+        if self.mode == Mode::Leader && self.rng.below(2) == 0 {
+            return self.target();
+        }
+        let i = self.rng.below(SLOTS.len() as u64) as usize;
+        let holder = self.mode == Mode::Leader
+            && self
+                .rx
+                .latest_sender_since(Instant::now() - Duration::from_secs(1))
+                == Some(i as u8);
+        (i, holder)
+    }
+
+    /// Faults until the plan's duration has passed and every kind has struck at least once:
+    /// kill -9 about every 10 s, the other kinds from a shuffled deck in between.
+    async fn faults(&mut self) {
+        let end = self.t0 + self.plan.duration;
+        let hard_end = end + Duration::from_secs(90);
+        let mut kinds = vec![
+            Kind::Pause,
+            Kind::Graceful,
+            Kind::DbRestart,
+            Kind::Storm(Storm::ServerErrors),
+            Kind::Storm(Storm::TooMany),
+            Kind::Storm(Storm::Resets),
+            Kind::Storm(Storm::Slow),
+        ];
+        if self.mode == Mode::Leader {
+            kinds.push(Kind::RedisRestart);
+        }
+        let mut deck: Vec<Kind> = Vec::new();
+        let mut first_deck_done = false;
+        let mut next_kill = Instant::now() + self.rng.ms(4000, 8000);
+        // Let the instances start and get going first.
+        tokio::time::sleep(self.rng.ms(1000, 3000)).await;
+        loop {
+            let now = Instant::now();
+            if now >= hard_end || (now >= end && first_deck_done) {
+                break;
+            }
+            let kind = if now >= next_kill {
+                next_kill = now + self.rng.ms(8000, 12000);
+                Kind::Kill9
+            } else {
+                if deck.is_empty() {
+                    deck = kinds.clone();
+                    for i in (1..deck.len()).rev() {
+                        let j = self.rng.below(i as u64 + 1) as usize;
+                        deck.swap(i, j);
+                    }
+                }
+                let k = deck.pop().expect("a card");
+                first_deck_done |= deck.is_empty();
+                k
+            };
+            self.check_alive();
+            self.inject(kind).await;
+            tokio::time::sleep(self.rng.ms(500, 2000)).await;
+        }
+    }
+
+    /// (PENDING + RETRY, all) rows.
+    async fn open_rows(&self) -> Option<(i64, i64)> {
+        let sql = format!(
+            "SELECT COUNT(CASE WHEN status IN ('PENDING', 'RETRY') THEN 1 END), COUNT(*) FROM {}",
+            self.td.table
+        );
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_one(self.td.store.pool());
+        let row = tokio::time::timeout(Duration::from_secs(30), query)
+            .await
+            .ok()?
+            .ok()?;
+        Some((row.try_get(0).ok()?, row.try_get(1).ok()?))
+    }
+
+    /// The first unfinished rows, one line each, for the failure message.
+    async fn open_sample(&self) -> String {
+        let now = match self.td.db {
+            Db::Postgres => "now()",
+            _ => "NOW(6)",
+        };
+        let sql = format!(
+            "SELECT CONCAT(id, ' ', status, ' attempts ', attempts, ' key ', \
+             COALESCE(ordering_key, '-'), ' by ', COALESCE(claimed_by, '-'), ' until ', \
+             COALESCE(CAST(claimed_until AS CHAR(40)), '-'), ' now ', CAST({now} AS CHAR(40)), \
+             ' next ', CAST(next_attempt_at AS CHAR(40)), ' error ', COALESCE(last_error, '-')) \
+             FROM {} WHERE status IN ('PENDING', 'RETRY') ORDER BY id LIMIT 20",
+            self.td.table
+        );
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(self.td.store.pool());
+        match tokio::time::timeout(Duration::from_secs(30), query).await {
+            Ok(Ok(rows)) => rows
+                .iter()
+                .map(|r| format!("  {}\n", r.try_get::<String, _>(0).unwrap_or_default()))
+                .collect(),
+            Ok(Err(e)) => format!("  (could not read them: {e})"),
+            Err(_) => "  (reading them timed out)".into(),
+        }
+    }
+
+    /// Every row, in id order (bounded by [`crate::support::bounded`]).
+    async fn table_rows(&self) -> Vec<Row> {
+        let seq = match self.td.db {
+            Db::Postgres => "(payload->>'seq')::bigint",
+            _ => "CAST(JSON_VALUE(payload, '$.seq') AS SIGNED)",
+        };
+        let sql = format!(
+            "SELECT id, {seq}, ordering_key, status FROM {} ORDER BY id",
+            self.td.table
+        );
+        let query = sqlx::query(sqlx::AssertSqlSafe(sql)).fetch_all(self.td.store.pool());
+        crate::support::bounded("read the table", async { Ok(query.await?) })
+            .await
+            .iter()
+            .map(|r| Row {
+                id: r.try_get(0).expect("id"),
+                seq: r.try_get::<i64, _>(1).expect("seq") as u64,
+                key: r.try_get(2).expect("key"),
+                status: r.try_get(3).expect("status"),
+            })
+            .collect()
+    }
+}
+
+async fn chaos(mode: Mode, db: Db) {
+    let plan = Plan::from_env();
+    let scenario = format!(
+        "3 instances, {}, private {}",
+        match mode {
+            Mode::Claim => "relay.mode = \"claim\"",
+            Mode::Leader => "leader mode, redis lease",
+        },
+        if db == Db::Postgres {
+            "PostgreSQL"
+        } else {
+            "MariaDB"
+        }
+    );
+    println!(
+        "chaos run: {scenario}; seed {} (OUTBOX_RELAY_CHAOS_SEED), {} rows, {:?} of faults",
+        plan.seed, plan.rows, plan.duration
+    );
+    let Some(server) = Server::start(db).await else {
+        return;
+    };
+    let redis = match mode {
+        Mode::Leader => match RedisServer::start(&[]).await {
+            Some(r) => Some(r),
+            None => return,
+        },
+        Mode::Claim => None,
+    };
+    let url = server.url();
+    let table = unique_table("chaos");
+    let store = SqlStore::connect(&url, &table, 4, Duration::from_secs(5))
+        .await
+        .expect("connect to the private database");
+    store.migrate().await.expect("migrate");
+    let td = TestDb {
+        db,
+        url,
+        table,
+        store: Arc::new(store),
+        dir: tempfile::tempdir().expect("tempdir"),
+    };
+    let rx = StormReceiver::start(&SLOTS, CALM_ANSWER, SLOW_ANSWER).await;
+    let mut run = Run {
+        mode,
+        plan,
+        rng: Rng(plan.seed ^ mode as u64 ^ ((db as u64) << 8)),
+        server,
+        redis,
+        td,
+        rx,
+        slots: SLOTS
+            .iter()
+            .map(|&name| Slot {
+                name,
+                generation: 0,
+                proc: None,
+            })
+            .collect(),
+        faults: Vec::new(),
+        exits: Vec::new(),
+        t0: Instant::now(),
+    };
+
+    // A backlog first, then rows while the faults strike.
+    let backlog = (plan.rows / 5).max(1);
+    let backlog_rows = insert_rows(
+        run.td.store.clone(),
+        run.td.db,
+        run.td.table.clone(),
+        0,
+        backlog,
+        f64::INFINITY,
+        Instant::now() + Duration::from_secs(300),
+    )
+    .await;
+    assert_eq!(backlog_rows.uncertain, 0, "the backlog went in");
+    run.t0 = Instant::now();
+    for i in 0..SLOTS.len() {
+        run.start_slot(i);
+    }
+    let rate = (plan.rows - backlog) as f64 / plan.duration.as_secs_f64().max(1.0);
+    let inserter = tokio::spawn(insert_rows(
+        run.td.store.clone(),
+        run.td.db,
+        run.td.table.clone(),
+        backlog,
+        plan.rows,
+        rate,
+        run.t0 + plan.duration + Duration::from_secs(120),
+    ));
+    run.faults().await;
+    let mut inserted = tokio::time::timeout(Duration::from_secs(180), inserter)
+        .await
+        .expect("the inserter ends by its deadline")
+        .expect("inserter");
+    inserted.commits.extend(backlog_rows.commits);
+    run.log(&format!(
+        "faults over; {} rows committed, {} in failed transactions; draining",
+        inserted.commits.len(),
+        inserted.uncertain
+    ));
+
+    // Drain: every instance runs, every service is up, the receiver calm (all were restored
+    // by each fault); the rows of claims that died must come back within claim_ttl.
+    let drain = CLAIM_TTL * 3 + Duration::from_secs(30) + Duration::from_millis(plan.rows / 2);
+    let deadline = Instant::now() + drain;
+    loop {
+        run.check_alive();
+        let open = run.open_rows().await;
+        if matches!(open, Some((0, n)) if n as usize >= inserted.commits.len()) {
+            break;
+        }
+        if Instant::now() >= deadline {
+            run.log(&format!(
+                "drain did not finish within {drain:?}: {open:?}; first open rows:\n{}",
+                run.open_sample().await
+            ));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    run.log("drained; stopping the relays");
+    for slot in &mut run.slots {
+        if let Some(p) = slot.proc.as_mut() {
+            p.stop(SHUTDOWN_TIMEOUT + Duration::from_secs(5)).await;
+        }
+    }
+    let rows = run.table_rows().await;
+    let hits = run.rx.hits();
+    let rep = report::analyze(&Evidence {
+        scenario: scenario.clone(),
+        seed: plan.seed,
+        leader: mode == Mode::Leader,
+        max_in_flight: IN_FLIGHT as usize,
+        senders: &SLOTS,
+        rows: &rows,
+        hits: &hits,
+        faults: &run.faults,
+        commits: &inserted.commits,
+        t0: run.t0,
+    });
+    println!("{}", rep.table());
+    let mut problems = rep.problems();
+    problems.extend(run.exits.iter().cloned());
+    if !problems.is_empty() {
+        // Every instance's log, restarts included, for the post-mortem.
+        let dir = std::mem::replace(&mut run.td.dir, tempfile::tempdir().expect("tempdir"));
+        println!("relay logs kept in {}", dir.keep().display());
+        // The verdict must be the last thing a CI log shows, not three relays' logs after it.
+        for p in run.slots.iter_mut().filter_map(|s| s.proc.as_mut()) {
+            p.set_log_tail(0);
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "chaos run ({scenario}, seed {}) broke a guarantee:\n{}\n{}",
+        plan.seed,
+        problems.join("\n"),
+        rep.table()
+    );
+    run.td.drop_table().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_mode_survives_repeated_faults() {
+    chaos(Mode::Claim, Db::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_mode_with_redis_lease_survives_repeated_faults() {
+    chaos(Mode::Leader, Db::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_mode_on_mariadb_survives_repeated_faults() {
+    chaos(Mode::Claim, Db::MySql).await;
+}
+
+#[test]
+fn durations_and_keys() {
+    assert_eq!(parse_duration("90"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
+    assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
+    assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+    assert_eq!(parse_duration("5x"), None);
+    let keyed = (0..10_000).filter(|&s| key_of(s).is_some()).count();
+    assert!((2_500..3_500).contains(&keyed), "{keyed}");
+    let mut a = Rng(7);
+    let mut b = Rng(7);
+    assert_eq!(
+        (0..5).map(|_| a.next()).collect::<Vec<_>>(),
+        (0..5).map(|_| b.next()).collect::<Vec<_>>()
+    );
+}
