@@ -269,14 +269,48 @@ impl Columns {
 
     /// `<status> IN (<pending and retry values>)`: the row is unfinished.
     pub fn open(&self, a: &str) -> String {
-        let mut values: Vec<&String> = Vec::new();
-        for v in self.codes[0].iter().chain(&self.codes[1]) {
-            if !values.contains(&v) {
+        self.any_of(a, &[State::Pending, State::Retry])
+    }
+
+    /// `<status> IN (<every value of these states>)`, each value once (a retry state that
+    /// shares the pending value is one value): one condition the status index can serve.
+    pub fn any_of(&self, a: &str, states: &[State]) -> String {
+        let mut values: Vec<&str> = Vec::new();
+        for v in states.iter().flat_map(|s| &self.codes[*s as usize]) {
+            if !values.contains(&v.as_str()) {
                 values.push(v);
             }
         }
-        let values: Vec<&str> = values.iter().map(|s| s.as_str()).collect();
         format!("{a}{} IN ({})", self.status, values.join(", "))
+    }
+
+    /// The channel of row `a` as text: the relay's own column as it is (so its indexes
+    /// serve), a mapped column or a constant cast (a mapped column may be of another type).
+    pub fn channel_text(&self, a: &str, d: Dialect) -> String {
+        match (&self.channel, self.mapped) {
+            (Some(c), false) => format!("{a}{c}"),
+            _ => d.cast_text(&self.channel(a)),
+        }
+    }
+
+    /// Row `a`'s attempt count; a mapped table's may be NULL (rows the application wrote
+    /// before adoption): it counts as 0, as [`Columns::count_attempt`] counts it.
+    pub fn attempts_read(&self, a: &str) -> String {
+        let col = format!("{a}{}", self.attempts);
+        if self.mapped {
+            format!("COALESCE({col}, 0)")
+        } else {
+            col
+        }
+    }
+
+    /// An optional time column of row `a` as UTC text, or a typed NULL when the table has
+    /// none.
+    pub fn time_or_null(&self, a: &str, col: &Option<String>, d: Dialect) -> String {
+        match col {
+            Some(c) => d.time_text(&format!("{a}{c}")),
+            None => d.null_text().to_string(),
+        }
     }
 
     /// `<status> IN (<the state's values>)`.
@@ -474,6 +508,12 @@ mod tests {
         assert_eq!(c.status_name("", Dialect::Postgres), "status");
         assert_eq!(c.due("o.", Dialect::Postgres), "o.next_attempt_at <= now()");
         assert_eq!(c.channel("o."), "o.channel");
+        assert_eq!(
+            c.any_of("", &[State::Pending, State::Retry, State::Failed]),
+            "status IN ('PENDING', 'RETRY', 'FAILED')"
+        );
+        assert_eq!(c.channel_text("o.", Dialect::Postgres), "o.channel");
+        assert_eq!(c.attempts_read(""), "attempts");
     }
 
     #[test]
@@ -503,5 +543,16 @@ mod tests {
             "CAST(o.aggregate_id AS TEXT)"
         );
         assert!(c.touch(Dialect::Postgres).is_empty());
+        // Retry shares the pending value 0: each value once.
+        assert_eq!(
+            c.any_of("", &[State::Pending, State::Retry, State::Failed]),
+            "state IN (0, 5, 9)"
+        );
+        assert_eq!(c.channel_text("", Dialect::Postgres), "('alimtalk')::text");
+        assert_eq!(c.attempts_read("o."), "COALESCE(o.attempts, 0)");
+        assert_eq!(
+            c.time_or_null("", &None, Dialect::Sqlite),
+            Dialect::Sqlite.null_text()
+        );
     }
 }
