@@ -202,7 +202,7 @@ pub(super) async fn failed(
             r.id,
             r.channel,
             r.attempts,
-            r.updated_at,
+            r.updated_at.as_deref().unwrap_or("-"),
             r.last_error.unwrap_or_default()
         );
     }

@@ -19,7 +19,7 @@ use super::pages::{csrf_field, db_error, framed};
 use super::queries::{Filter, Form, parse_age};
 use super::view::{error_page, esc, local_path, with_query};
 use crate::housekeeping;
-use crate::store::{Finished, Requeue};
+use crate::store::{Finished, NO_AGE, Requeue};
 
 /// The longest one purge request deletes for; the rest is left for another request (the
 /// confirmation page counts what is left).
@@ -98,7 +98,7 @@ pub(super) async fn requeue_confirm(
 ) -> Response {
     let raw = q.unwrap_or_default();
 
-    let filter = match Filter::from_form(&Form::parse(raw.as_bytes())) {
+    let filter = match Filter::from_form(&Form::parse(raw.as_bytes()), c.inner.filterable) {
         Ok(f) => f,
         Err(e) => return error_page(StatusCode::BAD_REQUEST, &e),
     };
@@ -151,7 +151,7 @@ pub(super) async fn requeue_selection(
     State(c): State<Console>,
     Act { who, form }: Act,
 ) -> Response {
-    let filter = match Filter::from_form(&form) {
+    let filter = match Filter::from_form(&form, c.inner.filterable) {
         Ok(f) => f,
         Err(e) => return error_page(StatusCode::BAD_REQUEST, &e),
     };
@@ -202,6 +202,17 @@ pub(super) async fn requeue_selection(
     )
 }
 
+/// What a purge's age is measured from, in words (`purge` goes by `updated_at`, else by
+/// `created_at`); `None` when a mapped table has neither, and nothing can be purged.
+fn age_column(c: &Console) -> Option<&'static str> {
+    let cols = c.inner.store.columns();
+    match (&cols.updated_at, &cols.created_at) {
+        (Some(_), _) => Some("last updated"),
+        (None, Some(_)) => Some("created"),
+        (None, None) => None,
+    }
+}
+
 /// `GET /purge[?older_than=7d]`: the form, then how many FAILED rows the purge would delete.
 pub(super) async fn purge_confirm(
     State(c): State<Console>,
@@ -210,6 +221,13 @@ pub(super) async fn purge_confirm(
 ) -> Response {
     let raw = q.unwrap_or_default();
 
+    let Some(changed) = age_column(&c) else {
+        let body = format!(
+            r#"<main><h1>Purge FAILED rows</h1><p class="error" id="purge-error">Not available on this table: {}.</p></main>"#,
+            esc(NO_AGE)
+        );
+        return framed(&c, &who, "Purge", &body);
+    };
     let form = Form::parse(raw.as_bytes());
     let ask = |error: &str, value: &str| {
         let error = if error.is_empty() {
@@ -219,7 +237,7 @@ pub(super) async fn purge_confirm(
         };
         format!(
             r#"<main><h1>Purge FAILED rows</h1>{error}
-<p>Deletes FAILED rows whose last update is older than the age you give. Only FAILED rows: nothing waiting or delivered is touched. The next page shows how many rows that is before anything is deleted.</p>
+<p>Deletes FAILED rows {changed} longer ago than the age you give. Only FAILED rows: nothing waiting or delivered is touched. The next page shows how many rows that is before anything is deleted.</p>
 <form method="get" action="/purge"><label>Older than <input name="older_than" id="older-than" value="{}" placeholder="7d"></label> <button type="submit" id="count">Count them</button></form></main>"#,
             esc(value)
         )
@@ -246,13 +264,13 @@ pub(super) async fn purge_confirm(
     };
     let body = if count == 0 {
         format!(
-            r#"<main><h1>Nothing to purge</h1><p class="confirm" id="confirm">No FAILED row was last updated more than {} ago.</p><p><a href="/purge">Back</a></p></main>"#,
+            r#"<main><h1>Nothing to purge</h1><p class="confirm" id="confirm">No FAILED row was {changed} more than {} ago.</p><p><a href="/purge">Back</a></p></main>"#,
             esc(text)
         )
     } else {
         format!(
             r#"<main><h1>Delete {count} FAILED row(s)?</h1>
-<p class="confirm" id="confirm">{count} FAILED row(s) were last updated more than {age} ago. Deleting them cannot be undone.</p>
+<p class="confirm" id="confirm">{count} FAILED row(s) were {changed} more than {age} ago. Deleting them cannot be undone.</p>
 <form method="post" action="/purge">{csrf}<input type="hidden" name="older_than" value="{age}"><input type="hidden" name="expected" value="{count}">
 <button type="submit" class="danger" id="confirm-purge">Delete {count} row(s)</button> <a href="/failed">Cancel</a></form></main>"#,
             age = esc(text),
@@ -264,6 +282,9 @@ pub(super) async fn purge_confirm(
 
 /// `POST /purge`: deletes FAILED rows older than `older_than`, as `outbox-relay purge` does.
 pub(super) async fn purge(State(c): State<Console>, Act { who, form }: Act) -> Response {
+    let Some(changed) = age_column(&c) else {
+        return error_page(StatusCode::BAD_REQUEST, NO_AGE);
+    };
     let text = form.get("older_than").unwrap_or("");
     let older_than = match parse_age(text) {
         Ok(d) => d,
@@ -285,7 +306,7 @@ pub(super) async fn purge(State(c): State<Console>, Act { who, form }: Act) -> R
         &c,
         &who,
         "Purged",
-        &format!("Deleted {deleted} FAILED row(s) last updated more than {text} ago."),
+        &format!("Deleted {deleted} FAILED row(s) {changed} more than {text} ago."),
         &[
             (
                 "Purge page",

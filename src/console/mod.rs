@@ -15,6 +15,10 @@
 //! - every action is logged at info with who did it and what it changed;
 //! - everything shown from the table is HTML-escaped; recipients are masked and payloads
 //!   hidden unless configured; no secret of the configuration is ever rendered;
+//! - on a table mapped by `[table]` every page reads and writes through the mapping (the
+//!   store's `Columns`): states show by the relay's names, a column the table does not have
+//!   shows as "not mapped", and a filter or purge that would need one is refused naming its
+//!   key, never run as something else;
 //! - nothing is loaded from elsewhere: the CSS and JavaScript are embedded in the binary.
 
 mod actions;
@@ -55,6 +59,8 @@ struct Inner {
     store: Arc<SqlStore>,
     sinks: Arc<SinkRegistry>,
     auth: auth::Auth,
+    /// What the failed rows can be filtered by on this table (see `queries::Filterable`).
+    filterable: queries::Filterable,
     live: live::Live,
     /// Cancelled at shutdown: a purge in progress stops between batches.
     stop: CancellationToken,
@@ -91,6 +97,7 @@ pub async fn serve(
             mode: settings.relay.mode,
             instance_id: settings.relay.instance_id.clone(),
             table: settings.database.table.clone(),
+            filterable: queries::Filterable::of(store.columns()),
             store,
             sinks,
             live,

@@ -20,6 +20,19 @@ use crate::store::LeaseRow;
 /// Rows on one page of the failed list.
 pub(super) const PAGE: u32 = 50;
 
+/// What a page shows for a column a mapped table does not have (a NULL shows as "–").
+const NOT_MAPPED: &str = r#"<span class="hint na">not mapped</span>"#;
+
+/// An optional value of the table, escaped: `–` when NULL, [`NOT_MAPPED`] when the table has
+/// no such column.
+fn shown(mapped: bool, v: Option<&str>) -> String {
+    match v {
+        _ if !mapped => NOT_MAPPED.into(),
+        Some(v) => esc(v),
+        None => "–".into(),
+    }
+}
+
 /// A database error as a page: the operator sees the driver's error (sqlx names no
 /// credentials in it) and can retry.
 pub(super) fn db_error(e: &anyhow::Error) -> Response {
@@ -67,6 +80,8 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
     }
     channels.sort_by(|a, b| a.channel.cmp(&b.channel));
 
+    // A mapped table without created_at: no row's age is known.
+    let no_created = store.columns().created_at.is_none();
     let mut rows = String::new();
     let (mut tp, mut tr, mut tf, mut td) = (0, 0, 0, 0);
     for ch in &channels {
@@ -89,7 +104,11 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
             ch.retry,
             if ch.failed > 0 { "bad" } else { "" },
             ch.delivered_last_hour,
-            ch.oldest_pending.map(age).unwrap_or_else(|| "–".into()),
+            match ch.oldest_pending {
+                Some(d) => age(d),
+                None if no_created => NOT_MAPPED.into(),
+                None => "–".into(),
+            },
             sink_state(&c, &ch.channel),
             name = esc(&ch.channel),
         );
@@ -116,7 +135,7 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
     let body = format!(
         r#"<main>
 <h1>Overview</h1>
-<p class="meta">This instance: <b>{instance}</b> · {dialect} table <b>{table}</b> · mode {mode} · <a href="/">refresh</a></p>
+<p class="meta">This instance: <b>{instance}</b> · {dialect} table <b>{table}</b>{mapped} · mode {mode} · <a href="/">refresh</a></p>
 <table class="grid" id="channels">
 <thead><tr><th>Channel</th><th>Pending</th><th>Retrying</th><th>Failed</th><th>Delivered (last hour)</th><th>Oldest pending</th><th>Sink</th></tr></thead>
 <tbody>{rows}{totals}</tbody></table>
@@ -131,6 +150,11 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
         instance = esc(&i.instance_id),
         dialect = store.dialect().name(),
         table = esc(&i.table),
+        mapped = if store.columns().mapped {
+            r#" <span class="hint" id="mapped">(an existing table mapped by [table])</span>"#
+        } else {
+            ""
+        },
         mode = match i.mode {
             Mode::Leader => "leader",
             Mode::Claim => "claim",
@@ -237,7 +261,9 @@ pub(super) async fn failed(
     let path = with_query("/failed", &raw);
 
     let form = Form::parse(raw.as_bytes());
-    let (filter, problem) = match Filter::from_form(&form) {
+    let can = c.inner.filterable;
+    let cols = c.inner.store.columns();
+    let (filter, problem) = match Filter::from_form(&form, can) {
         Ok(f) => (f, None),
         Err(e) => (Filter::default(), Some(e)),
     };
@@ -265,15 +291,19 @@ pub(super) async fn failed(
             let err = r.last_error.as_deref().unwrap_or("");
             let short: String = err.chars().take(160).collect();
             let ellipsis = if short.len() < err.len() { "…" } else { "" };
+            let error = if cols.last_error.is_none() {
+                NOT_MAPPED.to_string()
+            } else {
+                format!("{}{ellipsis}", esc(&short))
+            };
             let _ = write!(
                 trs,
-                r#"<tr data-id="{id}"><td><a href="/row/{id}">{id}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="err" title="{}">{}{ellipsis}</td><td><form method="post" action="/row/{id}/requeue" data-confirm="Requeue row {id} ({ch})? It will be sent again.">{csrf}<input type="hidden" name="back" value="{back}"><button type="submit" class="small" id="requeue-{id}">Requeue</button></form></td></tr>"#,
+                r#"<tr data-id="{id}"><td><a href="/row/{id}">{id}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="err" title="{}">{error}</td><td><form method="post" action="/row/{id}/requeue" data-confirm="Requeue row {id} ({ch})? It will be sent again.">{csrf}<input type="hidden" name="back" value="{back}"><button type="submit" class="small" id="requeue-{id}">Requeue</button></form></td></tr>"#,
                 esc(&r.channel),
                 r.attempts,
-                esc(&r.created_at),
-                esc(&r.updated_at),
+                shown(can.created, r.created_at.as_deref()),
+                shown(cols.updated_at.is_some(), r.updated_at.as_deref()),
                 esc(err),
-                esc(&short),
                 id = r.id,
                 ch = esc(&r.channel),
             );
@@ -308,20 +338,45 @@ pub(super) async fn failed(
 <h1>Failed rows</h1>
 <form method="get" action="/failed" class="filter" id="filter">
 <label>Channel <input name="channel" id="f-channel" value="{}" list="channels"></label>
-<label>Last error contains <input name="error" id="f-error" value="{}"></label>
-<label>Created from <input name="from" id="f-from" value="{}" placeholder="2026-11-24 13:00 or 2h"></label>
-<label>Created before <input name="to" id="f-to" value="{}" placeholder="UTC time or 30m"></label>
-<button type="submit" id="apply">Filter</button> <a href="/failed">Clear</a>
-<datalist id="channels">{}</datalist>
+{error_input}{time_inputs}<button type="submit" id="apply">Filter</button> <a href="/failed">Clear</a>
+<datalist id="channels">{options}</datalist>
 </form>
-<p class="hint">Times are UTC (2026-11-24 13:00) or an age (30m, 2h, 7d: that long ago). Newest first.</p>
+<p class="hint">{hint}Newest first.</p>
 {list}
 </main>"#,
         esc(&filter.channel),
-        esc(&filter.error),
-        esc(&filter.from),
-        esc(&filter.to),
-        c.inner
+        error_input = if can.error {
+            format!(
+                r#"<label>Last error contains <input name="error" id="f-error" value="{}"></label>
+"#,
+                esc(&filter.error)
+            )
+        } else {
+            String::new()
+        },
+        time_inputs = if can.created {
+            format!(
+                r#"<label>Created from <input name="from" id="f-from" value="{}" placeholder="2026-11-24 13:00 or 2h"></label>
+<label>Created before <input name="to" id="f-to" value="{}" placeholder="UTC time or 30m"></label>
+"#,
+                esc(&filter.from),
+                esc(&filter.to)
+            )
+        } else {
+            String::new()
+        },
+        hint = match (can.error, can.created) {
+            (true, true) =>
+                "Times are UTC (2026-11-24 13:00) or an age (30m, 2h, 7d: that long ago). ",
+            (false, true) =>
+                "This table maps no table.columns.last_error: no filter by error text. Times are UTC (2026-11-24 13:00) or an age (30m, 2h, 7d: that long ago). ",
+            (true, false) =>
+                "This table maps no table.columns.created_at: no filter by creation time. ",
+            (false, false) =>
+                "This table maps no table.columns.last_error or table.columns.created_at: filter by channel only. ",
+        },
+        options = c
+            .inner
             .sinks
             .iter()
             .map(|s| format!(r#"<option value="{}">"#, esc(&s.name)))
@@ -352,25 +407,30 @@ pub(super) async fn row(
         Err(e) => return db_error(&e),
     };
     let s = &c.inner.settings;
+    let cols = c.inner.store.columns();
     let recipient = match &row.recipient {
-        None => "–".to_string(),
+        None => shown(cols.recipient.is_some(), None),
         Some(r) if s.mask_recipients => format!(
             r#"{} <span class="hint">(masked: console.mask_recipients)</span>"#,
             esc(&mask(r))
         ),
         Some(r) => esc(r),
     };
-    let payload = if s.show_payloads {
-        let pretty = serde_json::from_str::<serde_json::Value>(&row.payload)
-            .ok()
-            .and_then(|v| serde_json::to_string_pretty(&v).ok())
-            .unwrap_or_else(|| row.payload.clone());
-        format!(r#"<pre id="payload">{}</pre>"#, esc(&pretty))
-    } else {
-        format!(
+    // On a mapped table the payload is the one the sink gets: its column, or the object
+    // the database builds from the row's columns (`table.payload_object`).
+    let payload = match &row.payload {
+        None => r#"<p id="payload" class="hint">None: the payload is NULL.</p>"#.to_string(),
+        Some(p) if s.show_payloads => {
+            let pretty = serde_json::from_str::<serde_json::Value>(p)
+                .ok()
+                .and_then(|v| serde_json::to_string_pretty(&v).ok())
+                .unwrap_or_else(|| p.clone());
+            format!(r#"<pre id="payload">{}</pre>"#, esc(&pretty))
+        }
+        Some(p) => format!(
             r#"<p id="payload" class="hint">Hidden ({} bytes): payloads are shown only with <code>console.show_payloads = true</code>.</p>"#,
-            row.payload.len()
-        )
+            p.len()
+        ),
     };
     let claim = match (&row.claimed_by, row.claim_left_ms) {
         (Some(by), Some(ms)) => format!(
@@ -391,20 +451,24 @@ pub(super) async fn row(
             esc(&row.status)
         )
     };
-    let opt = |v: &Option<String>| v.as_deref().map(esc).unwrap_or_else(|| "–".into());
+    // Times: UTC, "–" when NULL (a mapped table's rows have no next attempt until retried).
+    let time = |mapped: bool, v: &Option<String>| match v {
+        Some(t) if mapped => format!("{} UTC", esc(t)),
+        _ => shown(mapped, None),
+    };
     let body = format!(
         r#"<main>
 <h1>Row {id} <span class="status s-{status}" id="status">{status}</span></h1>
 <dl class="row">
 <dt>Channel</dt><dd id="channel">{channel}</dd>
 <dt>Recipient</dt><dd id="recipient">{recipient}</dd>
-<dt>Ordering key</dt><dd>{key}</dd>
+<dt>Ordering key</dt><dd id="ordering-key">{key}</dd>
 <dt>Attempts</dt><dd id="attempts">{attempts}</dd>
-<dt>Next attempt at</dt><dd>{next} UTC</dd>
+<dt>Next attempt at</dt><dd id="next-attempt">{next}</dd>
 <dt>Last error</dt><dd id="last-error" class="err">{err}</dd>
-<dt>Created</dt><dd>{created} UTC</dd>
-<dt>Updated</dt><dd>{updated} UTC</dd>
-<dt>Sent</dt><dd>{sent}</dd>
+<dt>Created</dt><dd id="created">{created}</dd>
+<dt>Updated</dt><dd id="updated">{updated}</dd>
+<dt>Sent</dt><dd id="sent">{sent}</dd>
 <dt>Claim</dt><dd>{claim}</dd>
 </dl>
 <p class="hint">History: the table keeps the number of attempts and the last error; retries and failures are in the relay's log with <code>id={id}</code> (retries at debug level).</p>
@@ -414,17 +478,13 @@ pub(super) async fn row(
 </main>"#,
         status = esc(&row.status),
         channel = esc(&row.channel),
-        key = opt(&row.ordering_key),
+        key = shown(cols.ordering_key.is_some(), row.ordering_key.as_deref()),
         attempts = row.attempts,
-        next = esc(&row.next_attempt_at),
-        err = opt(&row.last_error),
-        created = esc(&row.created_at),
-        updated = esc(&row.updated_at),
-        sent = row
-            .sent_at
-            .as_deref()
-            .map(|s| format!("{} UTC", esc(s)))
-            .unwrap_or_else(|| "–".into()),
+        next = time(true, &row.next_attempt_at),
+        err = shown(cols.last_error.is_some(), row.last_error.as_deref()),
+        created = time(cols.created_at.is_some(), &row.created_at),
+        updated = time(cols.updated_at.is_some(), &row.updated_at),
+        sent = time(true, &row.sent_at),
     );
     framed(&c, &who, &format!("Row {id}"), &body)
 }

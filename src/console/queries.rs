@@ -5,7 +5,35 @@
 use std::time::Duration;
 
 use crate::config::duration;
-use crate::store::{FailedFilter, TimeBound};
+use crate::store::{Columns, FailedFilter, TimeBound};
+
+/// What the failed rows can be filtered by: a mapped table (`[table]`) may have no
+/// `last_error` or `created_at` column. A filter on a column the table lacks is refused,
+/// naming the key, rather than silently matching nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Filterable {
+    pub error: bool,
+    pub created: bool,
+}
+
+impl Filterable {
+    pub(super) fn of(cols: &Columns) -> Filterable {
+        Filterable {
+            error: cols.last_error.is_some(),
+            created: cols.created_at.is_some(),
+        }
+    }
+}
+
+impl Default for Filterable {
+    /// The relay's own table: every filter.
+    fn default() -> Self {
+        Filterable {
+            error: true,
+            created: true,
+        }
+    }
+}
 
 /// The fields of a form body or a query string (`application/x-www-form-urlencoded`).
 #[derive(Debug, Default)]
@@ -43,8 +71,8 @@ pub(super) struct Filter {
 
 impl Filter {
     /// Reads `channel`, `error`, `from`, `to` (and `max_id`, for a confirmed selection);
-    /// an error names the field that did not parse.
-    pub(super) fn from_form(f: &Form) -> Result<Filter, String> {
+    /// an error names the field that did not parse, or the `[table]` key a filter needs.
+    pub(super) fn from_form(f: &Form, can: Filterable) -> Result<Filter, String> {
         let text = |k: &str| f.get(k).unwrap_or("").to_string();
         let mut filter = Filter {
             channel: text("channel"),
@@ -53,6 +81,20 @@ impl Filter {
             to: text("to"),
             parsed: FailedFilter::default(),
         };
+        if !can.error && f.get("error").is_some() {
+            return Err(
+                "last error contains: this table maps no table.columns.last_error, \
+                        so rows cannot be filtered by error text"
+                    .into(),
+            );
+        }
+        if !can.created && (f.get("from").is_some() || f.get("to").is_some()) {
+            return Err(
+                "created from/before: this table maps no table.columns.created_at, \
+                        so rows cannot be filtered by creation time"
+                    .into(),
+            );
+        }
         let p = &mut filter.parsed;
         p.channel = f.get("channel").map(str::to_string);
         p.error_contains = f.get("error").map(str::to_string);
@@ -215,11 +257,23 @@ mod tests {
     #[test]
     fn forms_decode_and_filters_round_trip() {
         let f = Form::parse(b"channel=sms&error=HTTP+5%25&from=&to=2h&csrf=x");
-        let filter = Filter::from_form(&f).expect("parses");
+        let all = Filterable::default();
+        let filter = Filter::from_form(&f, all).expect("parses");
         assert_eq!(filter.parsed.error_contains.as_deref(), Some("HTTP 5%"));
         assert_eq!(filter.parsed.created_from, None);
         assert_eq!(filter.query(), "channel=sms&error=HTTP+5%25&to=2h");
-        assert!(Filter::from_form(&Form::parse(b"from=soon")).is_err());
+        assert!(Filter::from_form(&Form::parse(b"from=soon"), all).is_err());
+        // A mapped table without the columns: the filter is refused, naming the key.
+        let none = Filterable {
+            error: false,
+            created: false,
+        };
+        let e = Filter::from_form(&Form::parse(b"error=x"), none).expect_err("no last_error");
+        assert!(e.contains("table.columns.last_error"), "{e}");
+        let e = Filter::from_form(&Form::parse(b"to=2h"), none).expect_err("no created_at");
+        assert!(e.contains("table.columns.created_at"), "{e}");
+        // Blank fields (the confirmation page's hidden inputs) are no filter.
+        assert!(Filter::from_form(&Form::parse(b"channel=sms&error=&from="), none).is_ok());
         assert!(parse_age("30s").is_err());
         assert!(parse_age("7d").is_ok());
     }

@@ -15,6 +15,11 @@ use super::{
     StatusReport,
 };
 
+/// Why `purge` (and the console's purge) cannot run on a mapped table without time columns.
+pub const NO_AGE: &str = "the table maps neither table.columns.updated_at nor \
+                          table.columns.created_at: purge and retention need one of them to \
+                          tell a row's age";
+
 /// Most rows one `requeue --all-failed` statement changes.
 const REQUEUE_BATCH: i64 = 1000;
 
@@ -211,10 +216,7 @@ impl SqlStore {
             Finished::Failed => State::Failed,
         };
         let Some(changed) = self.cols.changed_at() else {
-            anyhow::bail!(
-                "the table maps neither table.columns.updated_at nor table.columns.created_at: \
-                 purge and retention need one of them to tell a row's age"
-            );
+            anyhow::bail!(NO_AGE);
         };
         let mut cond = Sql::new(&self.cols.is("", state));
         cond.push(&format!(" AND {changed} < "))

@@ -2,14 +2,19 @@
 //! row and the live claims (the last two shared with `status`).
 //!
 //! Guarantees: every read is bounded (a page is at most [`MAX_PAGE`] rows, found by keyset on
-//! `id` through the FAILED-rows index of schema version 6, so a page costs the same on the
-//! last page of a million failed rows as on the first); no read takes a lock a relay waits on;
-//! times are compared and turned into text by the database, never by this process.
+//! `id`; on the relay's own table through the FAILED-rows index of schema version 6, so a page
+//! costs the same on the last page of a million failed rows as on the first); no read takes a
+//! lock a relay waits on; times are compared and turned into text by the database, never by
+//! this process. Every column and status value is named through [`super::Columns`], so the
+//! same reads work on a table mapped by `[table]`: states are shown by the relay's names
+//! (`PENDING`, ...) whatever the table stores, and an optional column the table does not have
+//! reads as NULL, never as an error.
 
 use std::time::Duration;
 
 use sqlx::Row;
 
+use super::admin::NO_AGE;
 use super::builder::Sql;
 use super::{
     ChannelCounts, Dialect, FailedFilter, FailedRow, Finished, LeaseRow, RowDetail, SqlStore,
@@ -69,10 +74,13 @@ impl SqlStore {
 
     /// Per channel: unfinished and failed counts, deliveries written in the last hour, and
     /// the oldest unfinished row's age. Reads only unfinished and FAILED rows and the last
-    /// hour of SUCCESS rows (all through indexes on `status`), never the whole history.
+    /// hour of SUCCESS rows (on the relay's own table all through indexes on `status`; on a
+    /// mapped table through whatever indexes the application's table has), never the whole
+    /// history. On a mapped table the states are the table's own values, shown by the
+    /// relay's names; without a `created_at` column the oldest age is unknown (`None`).
     pub async fn overview(&self) -> anyhow::Result<Vec<ChannelCounts>> {
         let t = &self.table;
-        let d = self.dialect;
+        let (d, c) = (self.dialect, &self.cols);
         let mut out: Vec<ChannelCounts> = Vec::new();
         fn entry(out: &mut Vec<ChannelCounts>, channel: String) -> &mut ChannelCounts {
             let i = match out.iter().position(|c| c.channel == channel) {
@@ -87,45 +95,55 @@ impl SqlStore {
             };
             &mut out[i]
         }
+        // A mapped channel column may hold NULL: such rows are counted under "".
+        let channel_of = |r: &sqlx::any::AnyRow| -> anyhow::Result<String> {
+            Ok(r.try_get::<Option<String>, _>(0)?.unwrap_or_default())
+        };
+        let ch = c.channel_text("", d);
         let rows = self
             .sql(&format!(
-                "SELECT channel, status, COUNT(*) FROM {t}
-                 WHERE status IN ('PENDING', 'RETRY', 'FAILED') GROUP BY channel, status"
+                "SELECT {ch}, {}, COUNT(*) FROM {t} WHERE {} GROUP BY 1, 2",
+                c.status_name("", d),
+                c.any_of("", &[State::Pending, State::Retry, State::Failed])
             ))
             .fetch_all(&self.pool)
             .await?;
         for r in &rows {
-            let (channel, status, n): (String, String, i64) =
-                (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?);
-            let e = entry(&mut out, channel);
+            let (status, n): (String, i64) = (r.try_get(1)?, r.try_get(2)?);
+            let e = entry(&mut out, channel_of(r)?);
             match status.as_str() {
-                "PENDING" => e.pending = n,
-                "RETRY" => e.retry = n,
-                _ => e.failed = n,
+                "PENDING" => e.pending += n,
+                "RETRY" => e.retry += n,
+                _ => e.failed += n,
             }
         }
+        // When a delivery was written: `updated_at` (set with every result), else the
+        // `sent_at` the relay writes on success (its own, or the one `migrate --adopt` adds).
+        let written = c.updated_at.as_deref().unwrap_or(&c.sent_at);
         let mut q = Sql::new(&format!(
-            "SELECT channel, COUNT(*) FROM {t} WHERE status = 'SUCCESS' AND updated_at > "
+            "SELECT {ch}, COUNT(*) FROM {t} WHERE {} AND {written} > ",
+            c.is("", State::Success)
         ));
         q.now_minus(d, Duration::from_secs(3600))
-            .push(" GROUP BY channel");
+            .push(" GROUP BY 1");
         for r in q.query(self).fetch_all(&self.pool).await? {
-            let channel: String = r.try_get(0)?;
+            let channel = channel_of(&r)?;
             entry(&mut out, channel).delivered_last_hour = r.try_get(1)?;
         }
-        let rows = self
-            .sql(&format!(
-                "SELECT channel, {} FROM {t} WHERE status IN ('PENDING', 'RETRY')
-                 GROUP BY channel",
-                d.age_ms("MIN(created_at)")
-            ))
-            .fetch_all(&self.pool)
-            .await?;
-        for r in &rows {
-            let channel: String = r.try_get(0)?;
-            let ms: Option<i64> = r.try_get(1)?;
-            entry(&mut out, channel).oldest_pending =
-                ms.map(|ms| Duration::from_millis(ms.max(0) as u64));
+        if let Some(created) = &c.created_at {
+            let rows = self
+                .sql(&format!(
+                    "SELECT {ch}, {} FROM {t} WHERE {} GROUP BY 1",
+                    d.age_ms(&format!("MIN({created})")),
+                    c.open("")
+                ))
+                .fetch_all(&self.pool)
+                .await?;
+            for r in &rows {
+                let ms: Option<i64> = r.try_get(1)?;
+                entry(&mut out, channel_of(r)?).oldest_pending =
+                    ms.map(|ms| Duration::from_millis(ms.max(0) as u64));
+            }
         }
         out.sort_by(|a, b| a.channel.cmp(&b.channel));
         Ok(out)
@@ -192,17 +210,15 @@ impl SqlStore {
         let rows = self
             .newest_failed_first(f, before, limit.clamp(1, MAX_PAGE), &{
                 let c = &self.cols;
-                let time = |col: Option<&str>| {
-                    col.map_or(d.null_text().to_string(), |col| d.time_text(col))
-                };
                 format!(
                     "{}, {}, {}, {}, {}, {}",
                     c.id,
-                    d.cast_text(&c.channel("")),
-                    c.attempts,
+                    c.channel_text("", d),
+                    c.attempts_read(""),
                     c.text_or_null("", &c.last_error, d),
-                    time(c.changed_at()),
-                    time(c.created_at.as_deref()),
+                    // When it failed: its last update, never its creation time.
+                    c.time_or_null("", &c.updated_at, d),
+                    c.time_or_null("", &c.created_at, d),
                 )
             })
             .await?;
@@ -210,12 +226,12 @@ impl SqlStore {
             .map(|r| {
                 Ok(FailedRow {
                     id: r.try_get(0)?,
-                    channel: r.try_get(1)?,
+                    channel: r.try_get::<Option<String>, _>(1)?.unwrap_or_default(),
                     attempts: r.try_get(2)?,
                     last_error: r.try_get(3)?,
                     // NULL on a mapped table without such a column.
-                    updated_at: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
-                    created_at: r.try_get::<Option<String>, _>(5)?.unwrap_or_default(),
+                    updated_at: r.try_get(4)?,
+                    created_at: r.try_get(5)?,
                 })
             })
             .collect()
@@ -223,7 +239,7 @@ impl SqlStore {
 
     /// The newest FAILED row `f` matches (what a confirmed selection is capped at).
     pub async fn newest_failed(&self, f: &FailedFilter) -> anyhow::Result<Option<i64>> {
-        let rows = self.newest_failed_first(f, None, 1, "id").await?;
+        let rows = self.newest_failed_first(f, None, 1, &self.cols.id).await?;
         rows.first()
             .map(|r| r.try_get::<i64, _>(0))
             .transpose()
@@ -274,36 +290,50 @@ impl SqlStore {
         Ok(statement(t).query(self).fetch_all(&self.pool).await?)
     }
 
-    /// How many `status` rows were last updated more than `older_than` ago (what `purge`
-    /// would delete now).
+    /// How many `status` rows were last changed more than `older_than` ago: what `purge`
+    /// would delete now, by the same condition (the table's own status value and its
+    /// `updated_at`, else `created_at`).
     pub async fn count_older(&self, status: Finished, older_than: Duration) -> anyhow::Result<i64> {
+        let state = match status {
+            Finished::Success => State::Success,
+            Finished::Failed => State::Failed,
+        };
+        let Some(changed) = self.cols.changed_at() else {
+            anyhow::bail!(NO_AGE);
+        };
         let mut q = Sql::new(&format!(
-            "SELECT COUNT(*) FROM {} WHERE status = ",
-            self.table
+            "SELECT COUNT(*) FROM {} WHERE {} AND {changed} < ",
+            self.table,
+            self.cols.is("", state)
         ));
-        q.text(status.as_str())
-            .push(" AND updated_at < ")
-            .now_minus(self.dialect, older_than);
+        q.now_minus(self.dialect, older_than);
         Ok(q.query(self)
             .fetch_one(&self.pool)
             .await?
             .try_get::<i64, _>(0)?)
     }
 
-    /// Every column of row `id`, or `None` if there is no such row.
+    /// Every column of row `id` (the optional ones a mapped table lacks as `None`), or
+    /// `None` if there is no such row.
     pub async fn row(&self, id: i64) -> anyhow::Result<Option<RowDetail>> {
-        let d = self.dialect;
-        let tt = |c: &str| d.time_text(c);
+        let (d, c) = (self.dialect, &self.cols);
         let mut q = Sql::new(&format!(
-            "SELECT id, channel, status, attempts, recipient, {payload}, ordering_key, last_error,
-                    {next}, {created}, {updated}, {sent}, claimed_by,
+            "SELECT {id}, {channel}, {status}, {attempts}, {recipient}, {payload}, {key},
+                    {error}, {next}, {created}, {updated}, {sent}, claimed_by,
                     CASE WHEN claimed_until > {now} THEN -({left}) END
-             FROM {t} WHERE id = ",
-            payload = d.payload_text("payload"),
-            next = tt("next_attempt_at"),
-            created = tt("created_at"),
-            updated = tt("updated_at"),
-            sent = tt("sent_at"),
+             FROM {t} WHERE {id} = ",
+            id = c.id,
+            channel = c.channel_text("", d),
+            status = c.status_name("", d),
+            attempts = c.attempts_read(""),
+            recipient = c.text_or_null("", &c.recipient, d),
+            payload = d.payload_text(&c.payload("", d)),
+            key = c.text_or_null("", &c.ordering_key, d),
+            error = c.text_or_null("", &c.last_error, d),
+            next = d.time_text(&c.next_attempt_at),
+            created = c.time_or_null("", &c.created_at, d),
+            updated = c.time_or_null("", &c.updated_at, d),
+            sent = d.time_text(&c.sent_at),
             now = d.now(),
             left = d.age_ms("claimed_until"),
             t = self.table
@@ -314,7 +344,7 @@ impl SqlStore {
         };
         Ok(Some(RowDetail {
             id: r.try_get(0)?,
-            channel: r.try_get(1)?,
+            channel: r.try_get::<Option<String>, _>(1)?.unwrap_or_default(),
             status: r.try_get(2)?,
             attempts: r.try_get(3)?,
             recipient: r.try_get(4)?,

@@ -42,6 +42,7 @@ mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use admin::NO_AGE;
 pub use adopt::Problem;
 /// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
 #[doc(hidden)]
@@ -207,8 +208,9 @@ pub struct FailedRow {
     pub channel: String,
     pub attempts: i64,
     pub last_error: Option<String>,
-    pub updated_at: String,
-    pub created_at: String,
+    /// `None` when NULL, or on a mapped table without such a column.
+    pub updated_at: Option<String>,
+    pub created_at: Option<String>,
 }
 
 /// A finished status: the only ones `purge` and retention may delete.
@@ -276,7 +278,10 @@ pub struct ChannelCounts {
     pub oldest_pending: Option<Duration>,
 }
 
-/// Every stored column of one row, times as UTC text, for the console's row page.
+/// Every stored column of one row, times as UTC text, for the console's row page. The status
+/// is the relay's state name (`PENDING`, ...) whatever the table stores; an optional column a
+/// mapped table does not have reads as `None`, as does a NULL (the application's rows have
+/// no `next_attempt_at`, and may have no payload).
 #[derive(Debug, Clone, Default)]
 pub struct RowDetail {
     pub id: i64,
@@ -284,12 +289,12 @@ pub struct RowDetail {
     pub status: String,
     pub attempts: i64,
     pub recipient: Option<String>,
-    pub payload: String,
+    pub payload: Option<String>,
     pub ordering_key: Option<String>,
     pub last_error: Option<String>,
-    pub next_attempt_at: String,
-    pub created_at: String,
-    pub updated_at: String,
+    pub next_attempt_at: Option<String>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
     pub sent_at: Option<String>,
     pub claimed_by: Option<String>,
     /// Time left on a live claim (`None`: no claim, or it ran out).

@@ -945,7 +945,10 @@ async fn status_and_failed_report_the_table(db: Db) {
     assert_eq!(failed[0].last_error.as_deref(), Some("payload is not JSON"));
     assert_eq!(failed[2].last_error.as_deref(), Some("410 gone"));
     assert!(
-        failed[0].updated_at.len() >= 19 && failed[0].updated_at.starts_with("20"),
+        failed[0]
+            .updated_at
+            .as_deref()
+            .is_some_and(|u| u.len() >= 19 && u.starts_with("20")),
         "updated_at {:?}",
         failed[0].updated_at
     );
