@@ -447,6 +447,25 @@ mod tests {
     }
 
     #[test]
+    fn the_console_runs_on_a_mapped_table() {
+        let env: std::collections::BTreeMap<String, String> = [
+            ("TABLE__CHANNEL_VALUE", "kakao"),
+            ("TABLE__COLUMNS__ID", "event_id"),
+            ("TABLE__COLUMNS__STATUS", "state"),
+            ("TABLE__COLUMNS__PAYLOAD", "body"),
+            ("TABLE__STATUS__PENDING", "0"),
+            ("TABLE__STATUS__SUCCESS", "1"),
+            ("TABLE__STATUS__FAILED", "2"),
+            ("CONSOLE__TOKEN", "console-test-token-0123456789"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("OUTBOX_RELAY__{k}"), v.to_string()))
+        .collect();
+        let s = crate::config::Settings::load_with_env(None, Some(env)).expect("accepted");
+        assert!(s.table.is_mapped() && s.console.is_some());
+    }
+
+    #[test]
     fn retry_may_share_the_pending_value() {
         let mut t = seed002();
         t.status.pending = Some(Codes::One(Code::Text("READY".into())));

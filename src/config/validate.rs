@@ -181,15 +181,8 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
         ));
     }
     if let Some(c) = &s.console {
+        // With or without [table]: the console reads and writes through the mapping.
         validate_console(c, &s.http.listen)?;
-        // The console's overview and row pages read the relay's own columns; refusing is
-        // clearer than pages that fail on a mapped table. (The CLI verbs do follow [table].)
-        if s.table.is_mapped() {
-            return Err(ConfigError::new(
-                "console",
-                "is not available with a mapped table ([table]) yet: use the CLI verbs                  (status, failed, requeue, purge), which follow the mapping",
-            ));
-        }
     }
     if tracing_subscriber::EnvFilter::try_new(&s.log.level).is_err() {
         return Err(ConfigError::new(
