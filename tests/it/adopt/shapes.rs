@@ -16,7 +16,7 @@ use crate::support::*;
 /// A table with other names, integer status codes, a channel column, the payload in one JSON
 /// text column, and none of the optional columns (no created_at, last_error, updated_at,
 /// ordering key).
-async fn integer_table(db: Db) -> Option<TestDb> {
+pub(crate) async fn integer_table(db: Db) -> Option<TestDb> {
     let td = TestDb::open(db, "adopt_int").await?;
     td.drop_table().await;
     let (id, key) = match db {
@@ -42,7 +42,7 @@ async fn integer_table(db: Db) -> Option<TestDb> {
     Some(td)
 }
 
-const INTEGER_MAPPING: &str = r#"
+pub(crate) const INTEGER_MAPPING: &str = r#"
 [table.columns]
 id = "event_no"
 channel = "target"

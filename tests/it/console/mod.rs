@@ -3,9 +3,11 @@
 //! the table's, filters and paging, recipients masked and payloads hidden, markup escaped, and
 //! actions with the CLI's semantics (a requeued row is then delivered by the relay; a purge
 //! deletes only old FAILED rows). Its configuration is checked through `check-config`.
-//! [`browser`] drives the same console in a real headless Chromium.
+//! [`browser`] drives the same console in a real headless Chromium; [`mapped`] runs it on
+//! existing tables mapped by `[table]`.
 
 mod browser;
+mod mapped;
 
 use std::time::Duration;
 
