@@ -24,24 +24,30 @@ impl SqlStore {
     /// The condition a row `o` must meet to be claimed: due, not under a live claim, and the
     /// head of its ordering key (no placeholders).
     fn claimable(&self) -> String {
-        let t = &self.table;
         let c = &self.cols;
         let now = self.dialect.now();
         let due = c.due("o.", self.dialect);
-        let (open, id) = (c.open("o."), &c.id);
-        let keyed = match (&c.ordering_key, self.open_columns().1) {
-            (Some(k), Some(open_key)) => format!(
-                " AND (o.{k} IS NULL OR NOT EXISTS (
-                 SELECT 1 FROM {t} p WHERE p.{open_key} = o.{k} AND p.{id} < o.{id}
-                 AND {}))",
-                c.open("p.")
-            ),
+        let open = c.open("o.");
+        let keyed = match (&c.ordering_key, self.behind_an_earlier_row()) {
+            (Some(k), Some(behind)) => format!(" AND (o.{k} IS NULL OR NOT {behind})"),
             _ => String::new(),
         };
         format!(
             "{open} AND {due}
              AND (o.claimed_until IS NULL OR o.claimed_until < {now}){keyed}"
         )
+    }
+
+    /// `EXISTS` an unfinished row of row `o`'s ordering key with a lower id: `o` is not the
+    /// head of its key. `None` when the table has no ordering key.
+    pub(super) fn behind_an_earlier_row(&self) -> Option<String> {
+        let (t, c) = (&self.table, &self.cols);
+        let (k, open_key) = (c.ordering_key.as_ref()?, self.open_columns().1?);
+        let id = &c.id;
+        Some(format!(
+            "EXISTS (SELECT 1 FROM {t} p WHERE p.{open_key} = o.{k} AND p.{id} < o.{id} AND {})",
+            c.open("p.")
+        ))
     }
 
     /// The columns the picks filter channels and ordering keys on, and the index hint that
@@ -178,6 +184,13 @@ impl Col {
             Col::Classes => "storage classes",
         }
     }
+}
+
+/// Whether a claimed row has an ordering key (a key that cannot be read counts as one: the
+/// row is failed later by [`to_claimed`], and meanwhile it is treated with the most care).
+pub(super) fn has_ordering_key(row: &AnyRow) -> bool {
+    row.try_get::<Option<String>, _>(Col::OrderingKey.at())
+        .map_or(true, |k| k.is_some())
 }
 
 /// SQLite: the columns whose storage class is checked, and the class each must hold, in the

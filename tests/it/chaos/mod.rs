@@ -376,6 +376,7 @@ impl Run {
 
     async fn inject(&mut self, kind: Kind) {
         let mut at = Instant::now();
+        let mut end = None;
         let mut slot = None;
         let mut holder = false;
         match kind {
@@ -406,6 +407,9 @@ impl Run {
                 self.proc(i).signal("STOP");
                 at = Instant::now();
                 tokio::time::sleep(pause).await;
+                // It may run (and write what it had ready) from the moment the signal is sent,
+                // before `signal` has returned: the pause ends here.
+                end = Some(Instant::now());
                 self.proc(i).signal("CONT");
             }
             Kind::Graceful => {
@@ -450,7 +454,7 @@ impl Run {
             slot,
             holder,
             at,
-            end: Instant::now(),
+            end: end.unwrap_or_else(Instant::now),
         });
     }
 
