@@ -207,14 +207,14 @@ pub(super) async fn claim(
     // when it runs), and those behind an earlier unfinished row (one picked with them
     // included) are left alone: not claimed, their locks released at commit. See
     // docs/design.md, "Ordering keys".
+    let keyed: Vec<i64> = rows
+        .iter()
+        .filter(|r| has_ordering_key(r))
+        .filter_map(|r| r.try_get::<i64, _>(0).ok())
+        .collect();
     if let Some(behind) = store.behind_an_earlier_row()
-        && rows.iter().any(has_ordering_key)
+        && !keyed.is_empty()
     {
-        let keyed: Vec<i64> = rows
-            .iter()
-            .filter(|r| has_ordering_key(r))
-            .filter_map(|r| r.try_get::<i64, _>(0).ok())
-            .collect();
         let id = &store.cols.id;
         let mut check = Sql::new(&format!(
             "SELECT o.{id} FROM {} o WHERE o.{id} IN (",
