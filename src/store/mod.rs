@@ -54,7 +54,7 @@ pub use fault::{Incomplete, is_transient};
 pub use get_lock::LockSession;
 pub use postgres::listen;
 pub use shedlock::ShedLockTable;
-pub use sql::SqlStore;
+pub use sql::{SqlStore, WARM_CONNECTIONS};
 pub use watch::{NEW_ROWS_CHECK, watch_new_rows};
 
 use crate::BoxFuture;

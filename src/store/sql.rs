@@ -51,6 +51,10 @@ pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 /// A pooled connection idle for longer than this is pinged before it is used.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
+/// Connections the relay opens side by side before its loop starts (at most
+/// `database.max_connections`): the loop's claim, the result writer, the lease or fence
+/// and a spare for health and metrics. See [`SqlStore::warm`].
+pub const WARM_CONNECTIONS: u32 = 4;
 
 fn query(sql: String) -> AnyQuery<'static> {
     sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -76,6 +80,10 @@ impl SqlStore {
         let options = AnyPoolOptions::new()
             .max_connections(if in_memory { 1 } else { max_connections })
             .acquire_timeout(connect_timeout)
+            // A connection, once open, stays open (until it fails or reaches the pool's
+            // maximum lifetime): opening one can cost a TLS handshake of ~90 ms (see
+            // [`SqlStore::warm`]), which must not land on a claim after a quiet spell.
+            .idle_timeout(None)
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
@@ -167,6 +175,29 @@ impl SqlStore {
             statements: AtomicU64::new(0),
             cols: Columns::default(),
         })
+    }
+
+    /// Opens up to `n` connections side by side (never more than the pool's maximum) and
+    /// leaves them idle in the pool, so that the relay's first claims and result writes do
+    /// not each wait for a connection of their own to be opened.
+    ///
+    /// Why it matters: sqlx does not set TCP_NODELAY on its sockets, so a TLS handshake
+    /// (PostgreSQL's default `sslmode=prefer` uses TLS whenever the server offers it) waits
+    /// twice for the server's delayed ACK, about 90 ms in all on loopback (docs/design.md,
+    /// "Connections"). Statements on an open connection are not affected.
+    pub async fn warm(&self, n: u32) -> anyhow::Result<()> {
+        let mut opening = tokio::task::JoinSet::new();
+        for _ in 0..n {
+            let pool = self.pool.clone();
+            opening.spawn(async move { pool.acquire().await });
+        }
+        // Each connection is held until all are open, so that none is handed to another
+        // opener and each opener opens its own.
+        let mut open = Vec::with_capacity(n as usize);
+        while let Some(joined) = opening.join_next().await {
+            open.push(joined??);
+        }
+        Ok(())
     }
 
     /// The same store on a table mapped by `[table]` (see `columns.rs`).
