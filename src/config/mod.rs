@@ -75,12 +75,14 @@ pub struct RelaySettings {
     /// Sleep after an empty claim (a NOTIFY or a full batch wakes the loop sooner).
     #[serde(deserialize_with = "duration::deserialize")]
     pub poll_interval: Duration,
-    /// Most rows taken by one claim statement.
+    /// Most rows taken by one claim statement (default 200: with 100, a drain on PostgreSQL
+    /// took 0.025 statements per row, with 200 0.015, at the same rows/s or better).
     pub batch_size: u32,
     /// Most rows claimed and not yet finished (being sent, waiting for a sink slot, or
     /// waiting for their result to be written), across all sinks. Sends at once are capped by
     /// each sink's `concurrency`; the rest of the slots let the next rows be claimed while
-    /// the current ones are sent and recorded (measured: 256 delivers 1.1-1.35x the rows of
+    /// the current ones are sent and recorded (measured on PostgreSQL, batch 200: 512 delivers
+    /// 1.0-1.1x the rows of 256 with 0.73x the statements; 256 delivered 1.1-1.35x the rows of
     /// 64 on PostgreSQL, MariaDB and SQLite).
     pub max_in_flight: u32,
     /// How long a claim keeps other instances off a row.
@@ -97,8 +99,8 @@ impl Default for RelaySettings {
             instance_id: default_instance_id(),
             mode: Mode::Leader,
             poll_interval: Duration::from_millis(500),
-            batch_size: 100,
-            max_in_flight: 256,
+            batch_size: 200,
+            max_in_flight: 512,
             claim_ttl: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(25),
         }

@@ -22,15 +22,24 @@ pub const OTHERS_PER_CLAIM: u32 = 32;
 ///    nothing. When the asks add up to more than `free`, they are shared out evenly (the
 ///    smallest asks are met in full, the rest split what is left), so a sink with a deep
 ///    backlog cannot take the slots the others need.
-/// 2. Only from what round 1 left: up to one more round of each sink's concurrency, queued
-///    in the relay for the moment a sink slot frees. The sink then never idles while its next
-///    rows are being claimed (a claim round trip costs more than a loopback send), and when
-///    relay slots are scarce this round gets nothing, so a slow sink's queued rows never take
-///    slots another sink could start with now. The rate limit caps both rounds together.
+/// 2. Only from what round 1 left: rows queued in the relay for the moment a sink slot
+///    frees, enough to keep the sink busy for two claims (the one being made and the next),
+///    [`ahead_rounds`] of its concurrency. The sink then never idles while its next rows are
+///    being claimed (a claim round trip costs more than a loopback send), and when relay
+///    slots are scarce this round gets nothing, so a slow sink's queued rows never take slots
+///    another sink could start with now. The rate limit caps both rounds together.
+///
+/// `claim_time` is how long claims take (a moving average; `None` before the first).
 ///
 /// With `others`, a quarter of `free` (at most [`OTHERS_PER_CLAIM`]) goes first to rows of
 /// channels no sink serves, which are finished FAILED.
-pub fn budgets(sinks: &SinkRegistry, free: u32, horizon: Duration, others: bool) -> Budgets {
+pub fn budgets(
+    sinks: &SinkRegistry,
+    free: u32,
+    horizon: Duration,
+    others: bool,
+    claim_time: Option<Duration>,
+) -> Budgets {
     // (name, ask now, ask ahead) per sink that may send.
     let asks: Vec<(&str, u32, u32)> = sinks
         .iter()
@@ -43,7 +52,8 @@ pub fn budgets(sinks: &SinkRegistry, free: u32, horizon: Duration, others: bool)
                 .as_ref()
                 .map_or(usize::MAX, |r| r.starts_within(horizon));
             let now = free_slots.saturating_sub(queued).min(rate);
-            let total = (free_slots + s.concurrency as usize)
+            let rounds = ahead_rounds(claim_time, s.send_time.get()) as usize;
+            let total = (free_slots + rounds * s.concurrency as usize)
                 .saturating_sub(queued)
                 .min(rate);
             let cap = |n: usize| n.min(free as usize) as u32;
@@ -88,6 +98,23 @@ pub fn budgets(sinks: &SinkRegistry, free: u32, horizon: Duration, others: bool)
     Budgets { channels, others }
 }
 
+/// Most rounds of a sink's concurrency claimed ahead of its sends.
+pub const MAX_AHEAD_ROUNDS: u32 = 4;
+
+/// How many rounds of a sink's concurrency to hold queued: a sink with `concurrency` slots and
+/// sends of `send_time` finishes `concurrency * claim_time / send_time` rows while one claim
+/// runs, and the rows of the claim being made arrive one claim later, so two claims' worth
+/// keeps it busy. At least one round (a sink seen for the first time, or a slow one: its
+/// queued rows then wait at most about one send), at most [`MAX_AHEAD_ROUNDS`] (a fast
+/// sink's queue is bounded; relay slots bound it too).
+pub fn ahead_rounds(claim_time: Option<Duration>, send_time: Option<Duration>) -> u32 {
+    let (Some(claim), Some(send)) = (claim_time, send_time) else {
+        return 1;
+    };
+    let needed = (2 * claim.as_micros()).div_ceil(send.as_micros().max(1));
+    needed.clamp(1, MAX_AHEAD_ROUNDS as u128) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -118,7 +145,7 @@ mod tests {
     #[test]
     fn small_asks_are_met_and_the_rest_shared_evenly() {
         let sinks = registry(&[("a", 100), ("b", 100), ("c", 3)]);
-        let b = budgets(&sinks, 43, H, false);
+        let b = budgets(&sinks, 43, H, false, None);
         assert_eq!(
             b.channels,
             vec![("c".into(), 3), ("a".into(), 20), ("b".into(), 20)]
@@ -139,11 +166,11 @@ mod tests {
         busy.queued.store(1, Ordering::Relaxed);
         let _slot = busy.slots.clone().try_acquire_owned().expect("a slot");
         // With just enough relay slots for what can start now, nothing is claimed ahead.
-        let b = budgets(&sinks, 10, H, false);
+        let b = budgets(&sinks, 10, H, false, None);
         assert_eq!(b.channels, vec![("free".into(), 10)]);
         // With room to spare, a round of each sink's concurrency is claimed ahead; the paused
         // sink still gets nothing, and the busy one only what its queue leaves.
-        let b = budgets(&sinks, 64, H, false);
+        let b = budgets(&sinks, 64, H, false, None);
         assert_eq!(b.channels, vec![("free".into(), 20), ("busy".into(), 2)]);
     }
 
@@ -151,7 +178,7 @@ mod tests {
     fn rows_ahead_come_only_from_slots_left_over() {
         let sinks = registry(&[("a", 8), ("b", 8)]);
         let total = |free| {
-            let b = budgets(&sinks, free, H, false);
+            let b = budgets(&sinks, free, H, false, None);
             let mut c = b.channels.clone();
             c.sort();
             c
@@ -169,16 +196,40 @@ mod tests {
     }
 
     #[test]
+    fn rows_ahead_cover_two_claims_of_sends() {
+        let ms = Duration::from_millis;
+        assert_eq!(ahead_rounds(None, Some(ms(1))), 1);
+        assert_eq!(ahead_rounds(Some(ms(2)), None), 1);
+        // A slow sink: one round, as before it was ever measured.
+        assert_eq!(ahead_rounds(Some(ms(2)), Some(ms(20))), 1);
+        assert_eq!(ahead_rounds(Some(ms(1)), Some(ms(1))), 2);
+        assert_eq!(
+            ahead_rounds(Some(Duration::from_micros(2300)), Some(ms(1))),
+            4
+        );
+        assert_eq!(ahead_rounds(Some(ms(50)), Some(ms(1))), MAX_AHEAD_ROUNDS);
+
+        let sinks = registry(&[("fast", 8), ("slow", 8)]);
+        sinks.get("fast").expect("fast").send_time.record(ms(1));
+        sinks.get("slow").expect("slow").send_time.record(ms(40));
+        let b = budgets(&sinks, 200, H, false, Some(ms(2)));
+        let mut c = b.channels.clone();
+        c.sort();
+        // Both start 8 now; ahead, the fast sink queues 4 rounds and the slow one 1.
+        assert_eq!(c, vec![("fast".into(), 8 + 32), ("slow".into(), 8 + 8)]);
+    }
+
+    #[test]
     fn unserved_channels_get_a_share_capped_per_claim() {
         let sinks = registry(&[("a", 1000)]);
-        let b = budgets(&sinks, 400, H, true);
+        let b = budgets(&sinks, 400, H, true, None);
         assert_eq!(b.others, Some((vec!["a".to_string()], OTHERS_PER_CLAIM)));
         assert_eq!(b.total(), 400);
         // Even one free slot is shared: unserved rows are not starved by a busy sink.
-        let b = budgets(&sinks, 1, H, true);
+        let b = budgets(&sinks, 1, H, true, None);
         assert_eq!(b.others.map(|o| o.1), Some(1));
         assert!(b.channels.is_empty());
-        assert_eq!(budgets(&sinks, 0, H, true).total(), 0);
+        assert_eq!(budgets(&sinks, 0, H, true, None).total(), 0);
     }
 
     #[test]
@@ -187,7 +238,7 @@ mod tests {
         h.rate = Some(crate::sink::RateLimiter::new(10.0));
         let sinks = SinkRegistry::from_handles([h]);
         // A full bucket (one second's worth: 10) plus 500 ms at 10/s.
-        let n = budgets(&sinks, 100, H, false).total();
+        let n = budgets(&sinks, 100, H, false, None).total();
         assert!((15..=16).contains(&n), "expected 15, got {n}");
         let limiter = sinks
             .get("slow")
@@ -196,7 +247,7 @@ mod tests {
         for _ in 0..15 {
             limiter.reserve();
         }
-        let n = budgets(&sinks, 100, H, false).total();
+        let n = budgets(&sinks, 100, H, false, None).total();
         assert!(n <= 1, "the bucket is spent, got {n}");
     }
 }

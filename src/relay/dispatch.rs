@@ -188,9 +188,11 @@ impl Dispatcher {
             },
         };
         metrics::gauge!(crate::metric::IN_FLIGHT).decrement(1.0);
+        let took = started.elapsed();
+        sink.send_time.record(took);
         let name = sink.name.clone();
         metrics::histogram!(crate::metric::DELIVERY_DURATION, "sink" => name.clone())
-            .record(started.elapsed().as_secs_f64());
+            .record(took.as_secs_f64());
         metrics::counter!(crate::metric::DELIVERIES, "sink" => name.clone(), "outcome" => outcome.label())
             .increment(1);
         match &outcome {

@@ -35,7 +35,7 @@ pub use recorder::{Recorder, RecorderHandle};
 
 use crate::config::{Mode, RelaySettings};
 use crate::lease::{LeaseState, drift};
-use crate::sink::SinkRegistry;
+use crate::sink::{MovingAverage, SinkRegistry};
 use crate::store::{ClaimRequest, Queue};
 use crate::telemetry::Health;
 
@@ -91,6 +91,8 @@ impl Relay {
         let mut last_others = Instant::now() - OTHERS_EVERY;
         let mut last_newest = Instant::now() - NEWEST_EVERY;
         let mut gathered = false;
+        // How long claims take: with each sink's send time it sizes the rows claimed ahead.
+        let claim_time = MovingAverage::default();
         tracing::info!(
             instance = %s.instance_id,
             mode = ?s.mode,
@@ -154,7 +156,13 @@ impl Relay {
             //    never sit in the relay's slots waiting for that sink while another sink's
             //    rows wait in the table. Channels no sink serves are looked for now and then.
             let others = last_others.elapsed() >= OTHERS_EVERY;
-            let budgets = budget::budgets(&self.sinks, limit as u32, BUDGET_HORIZON, others);
+            let budgets = budget::budgets(
+                &self.sinks,
+                limit as u32,
+                BUDGET_HORIZON,
+                others,
+                claim_time.get(),
+            );
             if others {
                 last_others = Instant::now();
             }
@@ -222,8 +230,9 @@ impl Relay {
                     continue;
                 }
             };
-            metrics::histogram!(crate::metric::CLAIM_DURATION)
-                .record(claimed_at.elapsed().as_secs_f64());
+            let took = claimed_at.elapsed();
+            claim_time.record(took);
+            metrics::histogram!(crate::metric::CLAIM_DURATION).record(took.as_secs_f64());
             metrics::counter!(crate::metric::CLAIMED).increment(rows.len() as u64);
             // A channel that got its whole budget probably has more rows due.
             let mut full = false;

@@ -25,7 +25,7 @@ use std::time::Duration;
 pub(crate) use http::{
     ANSWER_BYTES, Reply, describe_send_error, http_client, read_capped, read_reply, snippet,
 };
-pub use limits::{Pause, RateLimiter};
+pub use limits::{MovingAverage, Pause, RateLimiter};
 pub use spec::{SinkKind, SinkSpec};
 use tokio::sync::Semaphore;
 
@@ -122,6 +122,9 @@ pub struct SinkHandle {
     /// The last claim took this sink's whole budget: it probably has more rows due, so a
     /// freed slot should wake the relay loop instead of waiting for the next poll.
     pub hungry: AtomicBool,
+    /// How long its sends take, on average: with the claim's own duration, it decides how
+    /// many of its rows are claimed ahead (see `relay/budget.rs`).
+    pub send_time: MovingAverage,
 }
 
 /// The payload limit of sinks without a setting of their own: FCM messages (4 KiB of data)
@@ -145,6 +148,7 @@ impl SinkHandle {
             payload_limit_key: format!("the payload limit of sink {name}"),
             queued: AtomicUsize::new(0),
             hungry: AtomicBool::new(false),
+            send_time: MovingAverage::default(),
         }
     }
 }
