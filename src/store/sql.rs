@@ -200,10 +200,38 @@ impl SqlStore {
         // Each connection is held until all are open, so that none is handed to another
         // opener and each opener opens its own.
         let mut open = Vec::with_capacity(n as usize);
+        let mut failed = None;
         while let Some(joined) = opening.join_next().await {
-            open.push(joined??);
+            match joined {
+                Ok(Ok(conn)) => open.push(conn),
+                Ok(Err(e)) => failed = Some(anyhow::Error::from(e)),
+                Err(e) => failed = Some(anyhow::Error::from(e)),
+            }
         }
-        Ok(())
+        // Dropped connections go back to the pool from tasks of their own: wait (briefly) until
+        // they are idle. A statement that asks the pool for a connection before they are back,
+        // after some of the openings failed, was seen to wait its whole acquire timeout.
+        let opened = open.len();
+        drop(open);
+        let until = tokio::time::Instant::now() + Duration::from_secs(1);
+        while self.pool.num_idle() < opened && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Fewer than asked (a server near its connection limit) is not a reason to refuse to
+        // run: the pool opens more when they are needed, as it would without the warm-up.
+        match failed {
+            Some(e) if opened == 0 => Err(e),
+            Some(e) => {
+                tracing::warn!(
+                    opened,
+                    asked = n,
+                    error = %format!("{e:#}"),
+                    "could not open every database connection at start; going on with fewer"
+                );
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 
     /// The same store on a table mapped by `[table]` (see `columns.rs`).

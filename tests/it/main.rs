@@ -3,7 +3,7 @@
 //! SQLite, Redis (servers of its own where it kills or pauses them), HTTP receivers on
 //! loopback, and the relay binary as a process.
 //!
-//! Modules by subject: the store and its SQL ([`store`], [`timezones`]), leases ([`lease`],
+//! Modules by subject: the store and its SQL ([`store`], [`timezones`], [`pool`]), leases ([`lease`],
 //! [`redis_lease`], [`redlock_lease`], the Java pollers' locks [`java_locks`]), delivery end to end ([`delivery`], [`claim_mode`],
 //! [`bad_input`], [`memory`]), the vendors ([`fcm`], [`alimtalk`]), and operating it
 //! ([`config`], [`admin`], [`http`], [`console`], which also drives a real browser).
@@ -28,6 +28,7 @@ mod java_locks;
 mod layering;
 mod lease;
 mod memory;
+mod pool;
 mod redis_lease;
 mod redlock_lease;
 mod store;

@@ -1,0 +1,77 @@
+//! The store's connection pool: the warm-up before the relay's loop starts opens its
+//! connections side by side and keeps them, and a server that allows fewer connections than
+//! asked does not stop the relay from starting (docs/design.md, "Connections").
+
+use std::time::Duration;
+
+use crate::support::*;
+use outbox_relay::store::SqlStore;
+
+async fn warm_opens_connections_side_by_side_and_keeps_them(db: Db) {
+    let Some(td) = TestDb::open(db, "pool_warm").await else {
+        return;
+    };
+    let store = SqlStore::connect(&td.url, &td.table, 8, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    bounded("warm", store.warm(4)).await;
+    assert!(
+        store.pool().size() >= 4,
+        "{}: warm(4) left {} connections open",
+        db.name(),
+        store.pool().size()
+    );
+    // Idle connections stay open (no idle timeout), and every one of them works.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(store.pool().size() >= 4);
+    assert_eq!(store.pool().num_idle(), store.pool().size() as usize);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(store.pool().acquire().await.expect("an open connection"));
+    }
+    for conn in &mut held {
+        let one: i64 = sqlx::query_scalar("SELECT 1")
+            .fetch_one(&mut **conn)
+            .await
+            .expect("select 1");
+        assert_eq!(one, 1);
+    }
+    drop(held);
+    // Never more than the pool's maximum.
+    let small = SqlStore::connect(&td.url, &td.table, 2, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    bounded("warm", small.warm(4)).await;
+    assert!(small.pool().size() <= 2, "{}", small.pool().size());
+    td.drop_table().await;
+}
+per_db!(warm_opens_connections_side_by_side_and_keeps_them);
+
+/// PostgreSQL: a role allowed two connections. The warm-up asks for four, opens two, and the
+/// store works; before the fallback, the relay refused to start on such a server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_goes_on_with_fewer_connections_than_asked() {
+    let Some(td) = TestDb::open(Db::Postgres, "pool_limit").await else {
+        return;
+    };
+    let role = unique_table("relay_role");
+    td.exec(&format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT 2"))
+        .await;
+    let url = td
+        .url
+        .replacen("postgres://postgres@", &format!("postgres://{role}@"), 1);
+    assert_ne!(url, td.url, "the test expects a URL with user postgres");
+    let store = SqlStore::connect(&url, &td.table, 8, Duration::from_secs(2))
+        .await
+        .expect("connect as the limited role");
+    bounded("warm", store.warm(4)).await;
+    assert_eq!(store.pool().size(), 2);
+    let one: i64 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(store.pool())
+        .await
+        .expect("the store works");
+    assert_eq!(one, 1);
+    store.pool().close().await;
+    td.exec(&format!("DROP ROLE {role}")).await;
+    td.drop_table().await;
+}
