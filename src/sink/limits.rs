@@ -1,4 +1,5 @@
-//! Per-sink pacing: a token-bucket rate limiter and a pause that throttles and config errors set.
+//! Per-sink pacing: a token-bucket rate limiter, a pause that throttles and config errors set,
+//! and a moving average of send durations.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -164,6 +165,39 @@ fn clear_if_over(sink: &str, until: &Mutex<Option<Instant>>) -> Option<Duration>
     }
 }
 
+/// A moving average of durations (each new sample weighs 1/8), lock-free: the relay loop reads
+/// it while deliveries write it. Used to size how many rows are claimed ahead of a sink
+/// (docs/design.md, "Claims").
+#[derive(Default)]
+pub struct MovingAverage {
+    /// Microseconds; 0 until the first sample.
+    micros: std::sync::atomic::AtomicU64,
+}
+
+impl MovingAverage {
+    /// Adds a sample. Concurrent updates may lose one another's sample, which only makes the
+    /// average a little less smooth.
+    pub fn record(&self, d: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let sample = (d.as_micros().min(u64::MAX as u128) as u64).max(1);
+        let old = self.micros.load(Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.micros.store(new.max(1), Relaxed);
+    }
+
+    /// The average, or `None` before the first sample.
+    pub fn get(&self) -> Option<Duration> {
+        match self.micros.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => None,
+            m => Some(Duration::from_micros(m)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,44 +240,6 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(p.until.lock().unwrap().is_none(), "cleared by its timer");
     }
-}
-
-/// A moving average of durations (each new sample weighs 1/8), lock-free: the relay loop reads
-/// it while deliveries write it. Used to size how many rows are claimed ahead of a sink
-/// (docs/design.md, "Claims").
-#[derive(Default)]
-pub struct MovingAverage {
-    /// Microseconds; 0 until the first sample.
-    micros: std::sync::atomic::AtomicU64,
-}
-
-impl MovingAverage {
-    /// Adds a sample. Concurrent updates may lose one another's sample, which only makes the
-    /// average a little less smooth.
-    pub fn record(&self, d: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let sample = (d.as_micros().min(u64::MAX as u128) as u64).max(1);
-        let old = self.micros.load(Relaxed);
-        let new = if old == 0 {
-            sample
-        } else {
-            old - old / 8 + sample / 8
-        };
-        self.micros.store(new.max(1), Relaxed);
-    }
-
-    /// The average, or `None` before the first sample.
-    pub fn get(&self) -> Option<Duration> {
-        match self.micros.load(std::sync::atomic::Ordering::Relaxed) {
-            0 => None,
-            m => Some(Duration::from_micros(m)),
-        }
-    }
-}
-
-#[cfg(test)]
-mod average_tests {
-    use super::*;
 
     #[test]
     fn the_average_starts_at_the_first_sample_and_moves_an_eighth() {
