@@ -60,6 +60,59 @@ fn query(sql: String) -> AnyQuery<'static> {
     sqlx::query(sqlx::AssertSqlSafe(sql))
 }
 
+/// `synchronous` for the relay's SQLite connections, from the URL's `synchronous` parameter
+/// (which sqlx does not know, so it is taken out of the URL here).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum SqliteSync {
+    Normal,
+    Full,
+    Extra,
+}
+
+impl SqliteSync {
+    /// Splits `synchronous=...` off a SQLite URL (default `normal`); other URLs are returned
+    /// unchanged.
+    fn take_from(url: &str) -> anyhow::Result<(String, SqliteSync)> {
+        let mut sync = SqliteSync::Normal;
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_string(), sync));
+        };
+        if !url.starts_with("sqlite:") {
+            return Ok((url.to_string(), sync));
+        }
+        let mut kept = Vec::new();
+        for param in query.split('&') {
+            match param.split_once('=') {
+                Some((key, value)) if key.eq_ignore_ascii_case("synchronous") => {
+                    sync = match value.to_ascii_lowercase().as_str() {
+                        "normal" => SqliteSync::Normal,
+                        "full" => SqliteSync::Full,
+                        "extra" => SqliteSync::Extra,
+                        _ => anyhow::bail!(
+                            "database.url: synchronous must be normal, full or extra, not {value:?}"
+                        ),
+                    };
+                }
+                _ => kept.push(param),
+            }
+        }
+        let url = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        Ok((url, sync))
+    }
+
+    fn pragma(self) -> &'static str {
+        match self {
+            SqliteSync::Normal => "NORMAL",
+            SqliteSync::Full => "FULL",
+            SqliteSync::Extra => "EXTRA",
+        }
+    }
+}
+
 impl SqlStore {
     /// Connects (without migrating). `table` must already be a validated identifier.
     pub async fn connect(
@@ -69,6 +122,8 @@ impl SqlStore {
         connect_timeout: Duration,
     ) -> anyhow::Result<SqlStore> {
         sqlx::any::install_default_drivers();
+        let (url, sqlite_sync) = SqliteSync::take_from(url)?;
+        let url = url.as_str();
         let mut dialect = Dialect::from_url(url)
             .ok_or_else(|| anyhow::anyhow!("unsupported database URL scheme"))?;
         let in_memory = url.contains(":memory:") || url.contains("mode=memory");
@@ -147,7 +202,21 @@ impl SqlStore {
                     Ok(())
                 })
             }),
-            Dialect::Sqlite => options,
+            // The relay's own commits (claims, results) wait for the WAL to reach the disk
+            // only at checkpoints (docs/design.md, "SQLite durability"): 1.2x the rows/s.
+            // A process crash loses nothing; a power loss or OS crash can roll back its last
+            // commits, which only makes rows claimable or deliverable again (a duplicate,
+            // never a loss). `?synchronous=full` in the URL waits on every commit.
+            Dialect::Sqlite => {
+                let pragma = format!("PRAGMA synchronous = {}", sqlite_sync.pragma());
+                options.after_connect(move |conn, _| {
+                    let pragma = pragma.clone();
+                    Box::pin(async move {
+                        conn.execute(sqlx::AssertSqlSafe(pragma)).await?;
+                        Ok(())
+                    })
+                })
+            }
         };
         let pool = options.connect(url).await?;
         match dialect {

@@ -75,3 +75,48 @@ async fn warm_goes_on_with_fewer_connections_than_asked() {
     td.exec(&format!("DROP ROLE {role}")).await;
     td.drop_table().await;
 }
+
+/// SQLite: the relay's connections commit with `synchronous = NORMAL` unless the URL asks for
+/// `synchronous=full` (or `extra`); the parameter is the relay's, taken out of the URL before
+/// sqlx sees it, and a wrong value is refused naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_synchronous_comes_from_the_url() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = format!("sqlite://{}?mode=rwc", dir.path().join("o.db").display());
+    let level = |store: &SqlStore| {
+        let pool = store.pool().clone();
+        async move {
+            let v: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&pool)
+                .await
+                .expect("pragma");
+            v
+        }
+    };
+    let t = Duration::from_secs(5);
+    let normal = SqlStore::connect(&base, "outbox", 2, t)
+        .await
+        .expect("default");
+    assert_eq!(level(&normal).await, 1, "NORMAL by default");
+    let full = SqlStore::connect(&format!("{base}&synchronous=full"), "outbox", 2, t)
+        .await
+        .expect("full");
+    assert_eq!(level(&full).await, 2, "FULL when asked");
+    let first = format!(
+        "sqlite://{}?synchronous=EXTRA&mode=rwc",
+        dir.path().join("p.db").display()
+    );
+    let extra = SqlStore::connect(&first, "outbox", 2, t)
+        .await
+        .expect("extra");
+    assert_eq!(level(&extra).await, 3, "EXTRA, the parameter first");
+    let Err(err) = SqlStore::connect(&format!("{base}&synchronous=off"), "outbox", 2, t).await
+    else {
+        panic!("synchronous=off is refused");
+    };
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("database.url") && msg.contains("synchronous"),
+        "{msg}"
+    );
+}
