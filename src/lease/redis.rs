@@ -214,7 +214,11 @@ impl Connections {
                 c.max_command_attempts = 1;
             })
             .with_performance_config(|p| p.default_command_timeout = command_timeout)
-            .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2));
+            // Reconnect attempts back off to at most 500 ms: with a longer cap (2 s before), a
+            // standby whose command connection was in backoff when Redis came back was still
+            // disconnected when the holder released, and took over only after its next
+            // attempt and acquire retry (~0.5-2 s) instead of at the release message.
+            .set_policy(ReconnectPolicy::new_exponential(0, 100, 500, 2));
         let client = builder.build()?;
         let subscriber = builder.build_subscriber_client()?;
         client.on_error(|(e, server)| async move {
