@@ -128,14 +128,7 @@ async fn assemble(
         )
         .await?,
     );
-    store
-        .warm(
-            settings
-                .database
-                .max_connections
-                .min(store::WARM_CONNECTIONS),
-        )
-        .await?;
+    store.warm(store::WARM_CONNECTIONS).await?;
     let wake = Arc::new(Notify::new());
     // As `run` wires it: NOTIFY on PostgreSQL, the newest-id check elsewhere.
     if db == Db::Postgres && settings.database.listen {

@@ -207,9 +207,7 @@ async fn connect(
                 super::admin::ensure_shedlock_table(settings, &store).await?;
             }
             let problems = store.check_table().await?;
-            store
-                .warm(db.max_connections.min(store::WARM_CONNECTIONS))
-                .await?;
+            store.warm(store::WARM_CONNECTIONS).await?;
             anyhow::Ok((store, problems))
         };
         let attempt = tokio::select! {

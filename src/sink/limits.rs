@@ -1,6 +1,7 @@
 //! Per-sink pacing: a token-bucket rate limiter, a pause that throttles and config errors set,
 //! and a moving average of send durations.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -171,14 +172,13 @@ fn clear_if_over(sink: &str, until: &Mutex<Option<Instant>>) -> Option<Duration>
 #[derive(Default)]
 pub struct MovingAverage {
     /// Microseconds; 0 until the first sample.
-    micros: std::sync::atomic::AtomicU64,
+    micros: AtomicU64,
 }
 
 impl MovingAverage {
     /// Adds a sample. Concurrent updates may lose one another's sample, which only makes the
     /// average a little less smooth.
     pub fn record(&self, d: Duration) {
-        use std::sync::atomic::Ordering::Relaxed;
         let sample = (d.as_micros().min(u64::MAX as u128) as u64).max(1);
         let old = self.micros.load(Relaxed);
         let new = if old == 0 {
@@ -191,7 +191,7 @@ impl MovingAverage {
 
     /// The average, or `None` before the first sample.
     pub fn get(&self) -> Option<Duration> {
-        match self.micros.load(std::sync::atomic::Ordering::Relaxed) {
+        match self.micros.load(Relaxed) {
             0 => None,
             m => Some(Duration::from_micros(m)),
         }

@@ -60,57 +60,36 @@ fn query(sql: String) -> AnyQuery<'static> {
     sqlx::query(sqlx::AssertSqlSafe(sql))
 }
 
-/// `synchronous` for the relay's SQLite connections, from the URL's `synchronous` parameter
-/// (which sqlx does not know, so it is taken out of the URL here).
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum SqliteSync {
-    Normal,
-    Full,
-    Extra,
-}
-
-impl SqliteSync {
-    /// Splits `synchronous=...` off a SQLite URL (default `normal`); other URLs are returned
-    /// unchanged.
-    fn take_from(url: &str) -> anyhow::Result<(String, SqliteSync)> {
-        let mut sync = SqliteSync::Normal;
-        let Some((base, query)) = url.split_once('?') else {
-            return Ok((url.to_string(), sync));
-        };
-        if !url.starts_with("sqlite:") {
-            return Ok((url.to_string(), sync));
-        }
-        let mut kept = Vec::new();
-        for param in query.split('&') {
-            match param.split_once('=') {
-                Some((key, value)) if key.eq_ignore_ascii_case("synchronous") => {
-                    sync = match value.to_ascii_lowercase().as_str() {
-                        "normal" => SqliteSync::Normal,
-                        "full" => SqliteSync::Full,
-                        "extra" => SqliteSync::Extra,
-                        _ => anyhow::bail!(
-                            "database.url: synchronous must be normal, full or extra, not {value:?}"
-                        ),
-                    };
-                }
-                _ => kept.push(param),
+/// Splits the relay's own `synchronous=normal|full|extra` parameter (which sqlx does not know)
+/// off a SQLite URL, and returns the URL without it and the `PRAGMA synchronous` value
+/// (`NORMAL` when absent). Other URLs are returned unchanged.
+fn take_sqlite_synchronous(url: &str) -> anyhow::Result<(String, &'static str)> {
+    let mut sync = "NORMAL";
+    let Some((base, query)) = url.split_once('?').filter(|_| url.starts_with("sqlite:")) else {
+        return Ok((url.to_string(), sync));
+    };
+    let mut kept = Vec::new();
+    for param in query.split('&') {
+        match param.split_once('=') {
+            Some((key, value)) if key.eq_ignore_ascii_case("synchronous") => {
+                sync = match value.to_ascii_lowercase().as_str() {
+                    "normal" => "NORMAL",
+                    "full" => "FULL",
+                    "extra" => "EXTRA",
+                    _ => anyhow::bail!(
+                        "database.url: synchronous must be normal, full or extra, not {value:?}"
+                    ),
+                };
             }
-        }
-        let url = if kept.is_empty() {
-            base.to_string()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        };
-        Ok((url, sync))
-    }
-
-    fn pragma(self) -> &'static str {
-        match self {
-            SqliteSync::Normal => "NORMAL",
-            SqliteSync::Full => "FULL",
-            SqliteSync::Extra => "EXTRA",
+            _ => kept.push(param),
         }
     }
+    let url = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok((url, sync))
 }
 
 impl SqlStore {
@@ -122,7 +101,7 @@ impl SqlStore {
         connect_timeout: Duration,
     ) -> anyhow::Result<SqlStore> {
         sqlx::any::install_default_drivers();
-        let (url, sqlite_sync) = SqliteSync::take_from(url)?;
+        let (url, sqlite_sync) = take_sqlite_synchronous(url)?;
         let url = url.as_str();
         let mut dialect = Dialect::from_url(url)
             .ok_or_else(|| anyhow::anyhow!("unsupported database URL scheme"))?;
@@ -208,7 +187,7 @@ impl SqlStore {
             // commits, which only makes rows claimable or deliverable again (a duplicate,
             // never a loss). `?synchronous=full` in the URL waits on every commit.
             Dialect::Sqlite => {
-                let pragma = format!("PRAGMA synchronous = {}", sqlite_sync.pragma());
+                let pragma = format!("PRAGMA synchronous = {sqlite_sync}");
                 options.after_connect(move |conn, _| {
                     let pragma = pragma.clone();
                     Box::pin(async move {
@@ -252,8 +231,8 @@ impl SqlStore {
         })
     }
 
-    /// Opens up to `n` connections side by side (never more than the pool's maximum) and
-    /// leaves them idle in the pool, so that the relay's first claims and result writes do
+    /// Opens up to `n` connections side by side (at most the pool's maximum) and leaves
+    /// them idle in the pool, so that the relay's first claims and result writes do
     /// not each wait for a connection of their own to be opened.
     ///
     /// Why it matters: sqlx does not set TCP_NODELAY on its sockets, so a TLS handshake
@@ -261,6 +240,9 @@ impl SqlStore {
     /// twice for the server's delayed ACK, about 90 ms in all on loopback (docs/design.md,
     /// "Connections"). Statements on an open connection are not affected.
     pub async fn warm(&self, n: u32) -> anyhow::Result<()> {
+        // More openers than the pool allows would wait for one another until the acquire
+        // timeout.
+        let n = n.min(self.pool.options().get_max_connections());
         let mut opening = tokio::task::JoinSet::new();
         for _ in 0..n {
             let pool = self.pool.clone();
