@@ -120,3 +120,26 @@ async fn sqlite_synchronous_comes_from_the_url() {
         "{msg}"
     );
 }
+
+/// PostgreSQL: every connection of the store runs with JIT off (the relay's short statements
+/// must never be compiled with LLVM, see `store/sql.rs`), whatever the server's default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_run_without_jit() {
+    let Some(td) = TestDb::open(Db::Postgres, "pool_jit").await else {
+        return;
+    };
+    td.store.warm(4).await.expect("warm");
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(td.store.pool().acquire().await.expect("a connection"));
+    }
+    for conn in &mut held {
+        let jit: String = sqlx::query_scalar("SELECT current_setting('jit')")
+            .fetch_one(&mut **conn)
+            .await
+            .expect("current_setting");
+        assert_eq!(jit, "off");
+    }
+    drop(held);
+    td.drop_table().await;
+}
