@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::builder::Sql;
 use super::sql::SqlStore;
-use super::{Completion, Incomplete, Resolution, State, sanitize_text};
+use super::{Completion, Dialect, Incomplete, Resolution, State, sanitize_text};
 
 /// Most rows in one result statement (keeps statements and their parameter lists bounded).
 const RESULT_CHUNK: usize = 500;
@@ -173,16 +173,38 @@ impl SqlStore {
             }
         }
         q.push(&format!(
-            ", claimed_by = NULL, claim_token = NULL, claimed_until = NULL{} \
-             WHERE claim_token = ",
+            ", claimed_by = NULL, claim_token = NULL, claimed_until = NULL{}",
             c.touch(d)
-        ))
-        .append(case(&|s, c| {
-            s.text(&c.token);
-        }))
-        .push(&format!(" AND {id} IN ("))
-        .ints(rows.iter().map(|c| c.id))
-        .push(")");
+        ));
+        if d == Dialect::Postgres && kind == Kind::Delivered {
+            // The common result has no per-row values but its id and token: on PostgreSQL
+            // they go as two lists in two parameters, so the statement's text is the same
+            // for any number of rows. The server parses and plans it once per connection
+            // instead of once per write (planning the relay's statements was a tenth of its
+            // CPU in a profile), and a row meets its token in a join, not in a CASE of every
+            // token. Measured alternately, four runs each: the server's CPU per delivered row
+            // 51 µs against 56 µs, rows/s 1.03x (within the noise).
+            // Ids are integers and tokens hex (`random_token`), so neither holds a comma.
+            let ids: Vec<String> = rows.iter().map(|c| c.id.to_string()).collect();
+            let tokens: Vec<&str> = rows.iter().map(|c| &*c.token).collect();
+            q.push(" FROM unnest(string_to_array(")
+                .text(&ids.join(","))
+                .push(", ',')::bigint[], string_to_array(")
+                .text(&tokens.join(","))
+                .push(&format!(
+                    ", ',')) AS outbox_relay_done(done_id, done_token) \
+                     WHERE {id} = outbox_relay_done.done_id \
+                     AND claim_token = outbox_relay_done.done_token"
+                ));
+            return q;
+        }
+        q.push(" WHERE claim_token = ")
+            .append(case(&|s, c| {
+                s.text(&c.token);
+            }))
+            .push(&format!(" AND {id} IN ("))
+            .ints(rows.iter().map(|c| c.id))
+            .push(")");
         q
     }
 }
