@@ -56,6 +56,11 @@
 //! a run whose rows do not all finish is reported as an error (with the row counts by status)
 //! and the bench exits non-zero at the end.
 
+/// The relay binary's allocator (src/main.rs), so the relay in this process runs as it does
+/// in its own.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod claim;
 mod cpu;
 mod db;
