@@ -45,6 +45,10 @@ pub struct SqlStore {
     /// The table's column names and status values (the relay's own unless `[table]` maps an
     /// existing table).
     pub(super) cols: Columns,
+    /// SQLite only: taken around the relay's own writes (claims and results), so that they
+    /// queue here instead of colliding on the database's single write lock, where the loser
+    /// sleeps in SQLite's busy handler for 1 ms or more (docs/design.md, "SQLite writers").
+    pub(super) sqlite_writer: Option<tokio::sync::Mutex<()>>,
 }
 
 pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
@@ -228,6 +232,7 @@ impl SqlStore {
             cursors: Cursors::default(),
             statements: AtomicU64::new(0),
             cols: Columns::default(),
+            sqlite_writer: (dialect == Dialect::Sqlite).then(|| tokio::sync::Mutex::new(())),
         })
     }
 
@@ -312,6 +317,14 @@ impl SqlStore {
         query(self.dialect.finalize(text))
     }
 
+    /// Waits for this store's turn to write (SQLite; see the field), or at once elsewhere.
+    async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.sqlite_writer {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        }
+    }
+
     pub(super) fn count_statement(&self) {
         self.statements.fetch_add(1, Ordering::Relaxed);
     }
@@ -388,11 +401,14 @@ impl Queue for SqlStore {
                 return Ok(Vec::new());
             }
             let floors = self.cursors.plan();
-            let rows = match self.dialect {
-                Dialect::MySql { skip_locked, .. } => {
-                    mysql::claim(self, req, skip_locked, &floors).await?
+            let rows = {
+                let _writing = self.writing().await;
+                match self.dialect {
+                    Dialect::MySql { skip_locked, .. } => {
+                        mysql::claim(self, req, skip_locked, &floors).await?
+                    }
+                    _ => self.claim_returning(req, &floors).await?,
                 }
-                _ => self.claim_returning(req, &floors).await?,
             };
             let mut claimed = Vec::with_capacity(rows.len());
             for row in &rows {
@@ -424,7 +440,10 @@ impl Queue for SqlStore {
             if done.is_empty() {
                 return Ok(0);
             }
-            let written = self.write_results(done).await;
+            let written = {
+                let _writing = self.writing().await;
+                self.write_results(done).await
+            };
             self.cursors.completed(done);
             written
         })
