@@ -60,31 +60,48 @@ pub(crate) async fn fill(
     n: usize,
     keys: usize,
 ) -> anyhow::Result<()> {
-    let mut i = 0;
-    while i < n {
-        let end = (i + INSERT_CHUNK).min(n);
-        let values: Vec<String> = (i..end)
-            .map(|k| {
-                let key = if keys > 0 {
-                    format!("'k{}'", k % keys)
-                } else {
-                    "NULL".to_string()
-                };
-                format!("('hook', '{}', {key})", payload(k))
-            })
-            .collect();
-        exec(
-            store.pool(),
+    for sql in inserts(table, n, keys) {
+        exec(store.pool(), sql).await.context("bulk insert")?;
+    }
+    Ok(())
+}
+
+/// Inserts `n` waiting rows like [`fill`] (no keys), in one transaction: they appear all at
+/// once.
+pub(crate) async fn fill_at_once(store: &SqlStore, table: &str, n: usize) -> anyhow::Result<()> {
+    let mut tx = store.pool().begin().await.context("begin")?;
+    for sql in inserts(table, n, 0) {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+            .context("bulk insert")?;
+    }
+    tx.commit().await.context("commit")?;
+    Ok(())
+}
+
+/// The INSERT statements for `n` rows of channel `hook`, [`INSERT_CHUNK`] rows each; with
+/// `keys` above zero, row `k` has ordering key `k{k % keys}`.
+fn inserts(table: &str, n: usize, keys: usize) -> Vec<String> {
+    (0..n)
+        .step_by(INSERT_CHUNK)
+        .map(|i| {
+            let values: Vec<String> = (i..(i + INSERT_CHUNK).min(n))
+                .map(|k| {
+                    let key = if keys > 0 {
+                        format!("'k{}'", k % keys)
+                    } else {
+                        "NULL".to_string()
+                    };
+                    format!("('hook', '{}', {key})", payload(k))
+                })
+                .collect();
             format!(
                 "INSERT INTO {table} (channel, payload, ordering_key) VALUES {}",
                 values.join(", ")
-            ),
-        )
-        .await
-        .context("bulk insert")?;
-        i = end;
-    }
-    Ok(())
+            )
+        })
+        .collect()
 }
 
 /// Drops a bench table and what `migrate` created with it (best effort).
