@@ -50,6 +50,9 @@
 //! - `OUTBOX_RELAY_BENCH_VARIATIONS` `batch/in_flight/concurrency[/noanalyze],...` replaces the
 //!   leader section's variations (for exploring settings);
 //! - `OUTBOX_RELAY_BENCH_CLAIM_ROWS` rows per claim-section run (default 10000);
+//! - `OUTBOX_RELAY_BENCH_RECEIVER=node` receives with Node's http server in its own process
+//!   (`receiver.js`, as the performance targets were first measured) instead of the
+//!   in-process receiver; the claim and latency sections are then skipped;
 //! - `OUTBOX_RELAY_TEST_POSTGRES_URL`, `OUTBOX_RELAY_TEST_MYSQL_URL` as for the tests.
 //!
 //! A database that cannot be reached is skipped with a message. Every run is bounded in time;
@@ -164,6 +167,45 @@ async fn assemble(
     Ok((relay, store, health))
 }
 
+/// `benches/throughput/receiver.js` under `node`, killed when dropped.
+struct NodeReceiver(std::process::Child);
+
+impl NodeReceiver {
+    /// Starts the script and waits for the port it prints.
+    fn start() -> anyhow::Result<(Receiver, NodeReceiver)> {
+        use std::io::BufRead;
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/benches/throughput/receiver.js"
+        );
+        let mut child = std::process::Command::new("node")
+            .arg(script)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("spawn node (OUTBOX_RELAY_BENCH_RECEIVER=node needs Node.js on PATH)")?;
+        let stdout = child.stdout.take().context("node's stdout")?;
+        let guard = NodeReceiver(child);
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line)?;
+        let port: u16 = line
+            .trim()
+            .parse()
+            .with_context(|| format!("node printed {line:?}, not a port"))?;
+        Ok((
+            Receiver::external(&format!("http://127.0.0.1:{port}"))?,
+            guard,
+        ))
+    }
+}
+
+impl Drop for NodeReceiver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A unique table name for one run.
 fn unique_table(tag: &str) -> String {
     support::unique_table(&format!("bench_{tag}"))
@@ -221,17 +263,33 @@ async fn bench() -> bool {
         .map(|n| n.get())
         .unwrap_or(0);
 
-    let receiver = match Receiver::start().await {
+    let node = std::env::var("OUTBOX_RELAY_BENCH_RECEIVER").is_ok_and(|v| v == "node");
+    let started_receiver = if node {
+        NodeReceiver::start().map(|(r, child)| (r, Some(child)))
+    } else {
+        Receiver::start().await.map(|r| (r, None))
+    };
+    let (receiver, _node) = match started_receiver {
         Ok(r) => r,
         Err(e) => {
             eprintln!("cannot start the loopback receiver: {e:#}");
             return false;
         }
     };
+    let kind = if node {
+        "Node's http server, its own process"
+    } else {
+        "in this process"
+    };
     println!(
-        "outbox-relay throughput bench: receiver {} (204, no work); {} worker threads; tracing and metrics recorder not installed",
+        "outbox-relay throughput bench: receiver {} (204, no work; {kind}); {} worker threads; tracing and metrics recorder not installed",
         receiver.url, cores
     );
+    if node && (section_on("claim") || section_on("latency")) {
+        println!(
+            "note: the claim and latency sections need the in-process receiver; skipped with OUTBOX_RELAY_BENCH_RECEIVER=node"
+        );
+    }
     let load = || {
         std::fs::read_to_string("/proc/loadavg")
             .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
@@ -253,7 +311,7 @@ async fn bench() -> bool {
     let leader_secs = bench_started.elapsed().as_secs_f64();
     let mut claim_sections = Vec::new();
     let mut claim_secs = 0.0;
-    if section_on("claim") {
+    if section_on("claim") && !node {
         let claim_started = Instant::now();
         for &db in dbs.iter().filter(|d| **d != Db::Sqlite) {
             claim_sections.push(run_claim_section(db, &receiver, claim_rows).await);
@@ -261,7 +319,7 @@ async fn bench() -> bool {
         claim_secs = claim_started.elapsed().as_secs_f64();
     }
     let mut latencies: Vec<(Db, Vec<Latency>)> = Vec::new();
-    if section_on("latency") {
+    if section_on("latency") && !node {
         for &db in &dbs {
             let Ok(dir) = tempfile::tempdir() else {
                 continue;

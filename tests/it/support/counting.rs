@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use tokio_util::sync::CancellationToken;
@@ -131,6 +131,15 @@ impl Receiver {
                 },
             ),
         );
+        // `GET /count`: the count, as an external receiver serves it (see `external`).
+        let served = count.clone();
+        app = app.route(
+            "/count",
+            axum::routing::get(move || {
+                let served = served.clone();
+                async move { served.load(Ordering::Relaxed).to_string() }
+            }),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let stop = CancellationToken::new();
@@ -150,6 +159,38 @@ impl Receiver {
             seen,
             repeats,
             arrivals,
+            stop,
+        })
+    }
+
+    /// A receiver running elsewhere (another process) at `base` (`http://host:port`): rows
+    /// go to `{base}/hook`, and the count is read from `GET {base}/count` every 2 ms. It
+    /// counts nothing per instance and notes no arrivals (the claim and latency sections need
+    /// [`Receiver::start`]).
+    pub fn external(base: &str) -> anyhow::Result<Receiver> {
+        let count = Arc::new(AtomicU64::new(0));
+        let stop = CancellationToken::new();
+        let (counter, stopped) = (count.clone(), stop.clone());
+        let client = reqwest::Client::builder().no_proxy().build()?;
+        let count_url = format!("{base}/count");
+        tokio::spawn(async move {
+            while !stopped.is_cancelled() {
+                if let Ok(r) = client.get(&count_url).send().await
+                    && let Ok(text) = r.text().await
+                    && let Ok(n) = text.trim().parse::<u64>()
+                {
+                    counter.store(n, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        Ok(Receiver {
+            url: format!("{base}/hook"),
+            count,
+            per_instance: Arc::new(INSTANCE_PATHS.iter().map(|_| AtomicU64::new(0)).collect()),
+            seen: Arc::new(Mutex::new(HashSet::new())),
+            repeats: Arc::new(AtomicU64::new(0)),
+            arrivals: Arc::new(Mutex::new(HashMap::new())),
             stop,
         })
     }
@@ -250,4 +291,23 @@ async fn counts_per_instance_and_notes_repeats() {
     assert!(arrived[&7] >= before, "the first arrival is kept");
     assert!(rx.take_arrivals().is_empty(), "taken");
     assert_eq!(INSTANCE_PATHS.len(), 3);
+}
+
+#[tokio::test]
+async fn an_external_receiver_is_counted_from_its_count_endpoint() {
+    let rx = Receiver::start().await.expect("receiver");
+    outbox_relay::install_crypto_provider();
+    let base = rx.url.trim_end_matches("/hook").to_string();
+    let external = Receiver::external(&base).expect("external");
+    assert_eq!(external.url, rx.url);
+    let client = reqwest::Client::new();
+    for _ in 0..3 {
+        let r = client.post(&rx.url).body("{}").send().await.expect("post");
+        assert_eq!(r.status().as_u16(), 204);
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while external.count() != 3 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(external.count(), 3, "read from GET /count");
 }
