@@ -127,16 +127,19 @@ async fn assemble(
     let settings = Settings::load_with_env(Some(&file), Some(env))
         .map_err(|e| anyhow::anyhow!("settings: {e}"))?;
     let sinks = Arc::new(SinkRegistry::build(&settings)?);
-    let store = Arc::new(
-        SqlStore::connect(
-            url,
-            table,
-            settings.database.max_connections,
-            settings.database.connect_timeout,
-        )
-        .await?,
+    // As `run` wires it: the store is opened, and claims and results run, on the database
+    // thread.
+    let (u, t) = (url.to_string(), table.to_string());
+    let (max, timeout) = (
+        settings.database.max_connections,
+        settings.database.connect_timeout,
     );
-    store.warm(store::WARM_CONNECTIONS).await?;
+    let store = store::on_db_thread(async move {
+        let store = Arc::new(SqlStore::connect(&u, &t, max, timeout).await?);
+        store.warm(store::WARM_CONNECTIONS).await?;
+        anyhow::Ok(store)
+    })
+    .await?;
     let wake = Arc::new(Notify::new());
     // As `run` wires it: NOTIFY on PostgreSQL, the newest-id check elsewhere.
     if db == Db::Postgres && settings.database.listen {
@@ -156,7 +159,7 @@ async fn assemble(
     let health = Arc::new(Health::default());
     health.set_database(true);
     let relay = Relay {
-        store: store.clone(),
+        store: Arc::new(store::OnDbThread(store.clone())),
         sinks,
         settings: settings.relay.clone(),
         lease: None,

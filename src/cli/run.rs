@@ -158,7 +158,8 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     ));
 
     let relay = Relay {
-        store: store.clone(),
+        // Claims and result writes run on the database thread (see `store::OnDbThread`).
+        store: Arc::new(store::OnDbThread(store.clone())),
         sinks,
         settings: settings.relay.clone(),
         lease: keeper
@@ -193,7 +194,12 @@ async fn connect(
     let db = &settings.database;
     let mut wait = Duration::from_millis(500);
     loop {
-        let attempt = async {
+        // On the database thread, so that the connections opened here are driven by it (see
+        // `store::on_db_thread`).
+        let owned = settings.clone();
+        let attempt = store::on_db_thread(async move {
+            let settings = &owned;
+            let db = &settings.database;
             let store = store::connect_mapped(
                 db.url.expose(),
                 &db.table,
@@ -209,7 +215,7 @@ async fn connect(
             let problems = store.check_table().await?;
             store.warm(store::WARM_CONNECTIONS).await?;
             anyhow::Ok((store, problems))
-        };
+        });
         let attempt = tokio::select! {
             r = attempt => r,
             _ = shutdown.cancelled() => return Ok(None),
