@@ -25,9 +25,9 @@ use crate::store::{Completion, Incomplete, Queue, Resolution, is_transient};
 /// Most completions written in one go.
 const FLUSH_ROWS: usize = 256;
 /// A write of fewer results than this waits up to [`GATHER`] for more: under load a few more
-/// arrive within a millisecond or two, and one statement for 64 rows costs the database far
+/// arrive within a millisecond or two, and one statement for 128 rows costs the database far
 /// less than several for a few each. Idle, a lone result waits at most this long.
-const GATHER_ROWS: usize = 64;
+const GATHER_ROWS: usize = 128;
 /// See [`GATHER_ROWS`]: short next to a send and a claim, so the slots it holds back cost
 /// little (the relay has `max_in_flight` of them, four times a sink's sends at once).
 const GATHER: Duration = Duration::from_millis(2);
