@@ -72,7 +72,7 @@ impl Relay {
     /// (or `shutdown_timeout` has passed).
     pub async fn run(self) {
         let s = &self.settings;
-        let recorder = Recorder::start(self.store.clone(), self.wake.clone());
+        let recorder = Recorder::start(self.store.clone(), self.wake.clone(), s.max_in_flight);
         let dispatcher = Arc::new(Dispatcher {
             sinks: self.sinks.clone(),
             recorder: recorder.handle(),
