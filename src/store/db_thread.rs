@@ -102,4 +102,26 @@ mod tests {
         .expect_err("fails");
         assert!(e.downcast_ref::<std::io::Error>().is_some(), "{e:#}");
     }
+
+    #[tokio::test]
+    async fn a_call_its_caller_stops_waiting_for_still_runs_to_its_end() {
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        let call = on_db_thread(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        });
+        // The caller gives up (as shutdown's deadlines do) long before the call ends.
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(5), call).await;
+        assert!(gave_up.is_err());
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !done.load(std::sync::atomic::Ordering::SeqCst) && std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(
+            done.load(std::sync::atomic::Ordering::SeqCst),
+            "the call ran on after its caller left"
+        );
+    }
 }
