@@ -51,22 +51,39 @@ impl SqlStore {
         })
     }
 
-    /// Age of the oldest unfinished row, by `created_at` (an index on unfinished rows'
-    /// `created_at` makes this one index probe).
+    /// Age of the oldest unfinished row, by `created_at`. PostgreSQL and SQLite: one probe of
+    /// the index on unfinished rows' `created_at`. The relay's own MySQL table: a walk of the
+    /// entries of unfinished rows in `open_idx`, which holds `created_at` (schema version 8).
     async fn oldest_pending_ms(&self) -> anyhow::Result<Option<i64>> {
-        let t = &self.table;
         let Some(created) = &self.cols.created_at else {
             return Ok(None);
         };
+        let (from, open, _) = self.unfinished_rows();
         Ok(self
             .sql(&format!(
-                "SELECT {} FROM {t} WHERE {}",
+                "SELECT {} FROM {from} WHERE {open}",
                 self.dialect.age_ms(&format!("MIN({created})")),
-                self.cols.open("")
             ))
             .fetch_one(&self.pool)
             .await?
             .try_get::<Option<i64>, _>(0)?)
+    }
+
+    /// What reads the unfinished rows' `created_at` and channel from an index: the table
+    /// (with its hint), the condition, and the channel as text. On the relay's own MySQL
+    /// table that is `open_idx`, which holds `open_channel`, `id` and `created_at` (schema
+    /// version 8); elsewhere the status condition, which the index on unfinished rows'
+    /// `created_at` serves.
+    pub(super) fn unfinished_rows(&self) -> (String, String, String) {
+        let t = &self.table;
+        match self.dialect {
+            Dialect::MySql { .. } if !self.cols.mapped => (
+                format!("{t} FORCE INDEX ({t}_open_idx)"),
+                "open_channel IS NOT NULL".to_string(),
+                "open_channel".to_string(),
+            ),
+            d => (t.clone(), self.cols.open(""), self.cols.channel_text("", d)),
+        }
     }
 
     /// FAILED rows, newest first.

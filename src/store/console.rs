@@ -131,11 +131,11 @@ impl SqlStore {
             entry(&mut out, channel).delivered_last_hour = r.try_get(1)?;
         }
         if let Some(created) = &c.created_at {
+            let (from, open, channel) = self.unfinished_rows();
             let rows = self
                 .sql(&format!(
-                    "SELECT {ch}, {} FROM {t} WHERE {} GROUP BY 1",
+                    "SELECT {channel}, {} FROM {from} WHERE {open} GROUP BY 1",
                     d.age_ms(&format!("MIN({created})")),
-                    c.open("")
                 ))
                 .fetch_all(&self.pool)
                 .await?;
@@ -261,8 +261,8 @@ impl SqlStore {
         columns: &str,
     ) -> anyhow::Result<Vec<sqlx::any::AnyRow>> {
         let t = &self.table;
-        let statement = |from: &str| {
-            let mut q = Sql::new(&format!("SELECT {columns} FROM {from} WHERE "));
+        let statement = |from: &str, flag: &str| {
+            let mut q = Sql::new(&format!("SELECT {columns} FROM {from} WHERE {flag}"));
             q.append(self.failed_condition(f));
             if let Some(b) = before {
                 q.push(&format!(" AND {} < ", self.cols.id)).int(b);
@@ -273,21 +273,31 @@ impl SqlStore {
         };
         // A mapped table has no FAILED-rows index of the relay's (`migrate --adopt` adds only
         // the claim index): no hint.
+        // MySQL's index is on `failed_flag` (schema version 8), which only a condition on
+        // that column lets the server use.
         let hinted = match self.dialect {
             _ if self.cols.mapped => None,
-            Dialect::MySql { .. } => Some(format!("{t} FORCE INDEX ({t}_failed_idx)")),
-            Dialect::Sqlite => Some(format!("{t} INDEXED BY {t}_failed_idx")),
+            Dialect::MySql { .. } => Some((
+                format!("{t} FORCE INDEX ({t}_failed_idx)"),
+                "failed_flag = 1 AND ",
+            )),
+            Dialect::Sqlite => Some((format!("{t} INDEXED BY {t}_failed_idx"), "")),
             // PostgreSQL's statistics (kept fresh by autovacuum) pick the index by themselves.
             Dialect::Postgres => None,
         };
-        if let Some(from) = hinted {
-            match statement(&from).query(self).fetch_all(&self.pool).await {
+        if let Some((from, flag)) = hinted {
+            match statement(&from, flag)
+                .query(self)
+                .fetch_all(&self.pool)
+                .await
+            {
                 Ok(rows) => return Ok(rows),
-                // No such index (a schema older than version 6): the plain statement below.
+                // No such index or column (a schema older than version 6, or on MySQL 8, when
+                // `database.migrate` is off): the plain statement below.
                 Err(e) => tracing::debug!(error = %e, "FAILED-rows index not usable"),
             }
         }
-        Ok(statement(t).query(self).fetch_all(&self.pool).await?)
+        Ok(statement(t, "").query(self).fetch_all(&self.pool).await?)
     }
 
     /// How many `status` rows were last changed more than `older_than` ago: what `purge`

@@ -1014,6 +1014,127 @@ async fn mysql_claims_never_walk_finished_rows() {
     td.drop_table().await;
 }
 
+/// MySQL/MariaDB, schema version 8: a table migrated by an older build (version 7's indexes)
+/// is brought to the slimmer set, in which a delivery changes only `open_idx` and
+/// `status_idx`; and the reads the dropped indexes served still come from an index: the
+/// oldest unfinished row's age from `open_idx` alone, the FAILED page from `failed_idx`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_deliveries_change_two_secondary_indexes() {
+    let Some(td) = TestDb::open(Db::MySql, "st_slim").await else {
+        return;
+    };
+    // Version 7's shape.
+    td.exec(
+        "ALTER TABLE {t} DROP INDEX {t}_failed_idx, DROP INDEX {t}_open_idx, \
+         DROP COLUMN failed_flag, ADD INDEX {t}_failed_idx (status, id), \
+         ADD INDEX {t}_open_idx (open_channel, id), \
+         ADD INDEX {t}_due_idx (status, next_attempt_at), \
+         ADD INDEX {t}_age_idx (status, created_at)",
+    )
+    .await;
+    td.exec("UPDATE outbox_relay_schema SET version = 7 WHERE target = '{t}'")
+        .await;
+    bounded("migrate to version 8", td.store.migrate()).await;
+    bounded("migrate again", td.store.migrate()).await;
+    let index = |name: &str| {
+        let (td, name) = (&td, format!("{}_{name}", td.table));
+        async move {
+            let cols: Vec<String> = sqlx::query_scalar(
+                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = \
+                 DATABASE() AND TABLE_NAME = ? AND INDEX_NAME = ? ORDER BY SEQ_IN_INDEX",
+            )
+            .bind(&td.table)
+            .bind(&name)
+            .fetch_all(td.store.pool())
+            .await
+            .expect("index columns");
+            cols.join(",")
+        }
+    };
+    assert_eq!(index("due_idx").await, "");
+    assert_eq!(index("age_idx").await, "");
+    assert_eq!(index("failed_idx").await, "failed_flag,id");
+    assert_eq!(index("open_idx").await, "open_channel,id,created_at");
+    assert_eq!(index("status_idx").await, "status,updated_at");
+
+    // A delivered row leaves failed_flag NULL (no entry of failed_idx changes); a FAILED one
+    // sets it.
+    let ids = [
+        td.enqueue("hook", "{}", None).await,
+        td.enqueue("hook", "{}", None).await,
+        td.enqueue("hook", "{}", None).await,
+    ];
+    td.exec(&format!(
+        "UPDATE {{t}} SET status = 'SUCCESS' WHERE id = {}",
+        ids[0]
+    ))
+    .await;
+    td.exec(&format!(
+        "UPDATE {{t}} SET status = 'FAILED', created_at = NOW(6) - INTERVAL 2 HOUR \
+         WHERE id = {}",
+        ids[1]
+    ))
+    .await;
+    td.exec(&format!(
+        "UPDATE {{t}} SET created_at = NOW(6) - INTERVAL 1 HOUR WHERE id = {}",
+        ids[2]
+    ))
+    .await;
+    assert_eq!(
+        td.scalar("SELECT COUNT(*) FROM {t} WHERE failed_flag = 1")
+            .await,
+        1
+    );
+    let explain = |sql: &str| {
+        let sql = format!("EXPLAIN {}", sql.replace("{t}", &td.table));
+        let pool = td.store.pool().clone();
+        async move {
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .expect("explain");
+            let text = |i: usize| {
+                row.try_get::<Option<String>, _>(i)
+                    .ok()
+                    .flatten()
+                    .or_else(|| {
+                        row.try_get::<Option<Vec<u8>>, _>(i)
+                            .ok()
+                            .flatten()
+                            .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    })
+                    .unwrap_or_default()
+            };
+            // id, select_type, table, type, possible_keys, key, key_len, ref, rows, Extra
+            (text(5), text(9))
+        }
+    };
+    let (key, extra) = explain(
+        "SELECT MIN(created_at) FROM {t} FORCE INDEX ({t}_open_idx) \
+         WHERE open_channel IS NOT NULL",
+    )
+    .await;
+    assert_eq!(key, format!("{}_open_idx", td.table));
+    assert!(
+        extra.contains("Using index"),
+        "reads the table too: {extra}"
+    );
+    let (key, _) = explain(
+        "SELECT id FROM {t} FORCE INDEX ({t}_failed_idx) WHERE failed_flag = 1 \
+         AND status = 'FAILED' AND id < 1000000 ORDER BY id DESC LIMIT 51",
+    )
+    .await;
+    assert_eq!(key, format!("{}_failed_idx", td.table));
+    // The store's own reads: the oldest unfinished row is the one an hour old (the FAILED
+    // one, older, is finished), and the FAILED page holds the FAILED row.
+    let status = bounded("status", td.store.status(&td.table)).await;
+    let oldest = status.oldest_pending.expect("an unfinished row").as_secs();
+    assert!((3590..3700).contains(&oldest), "oldest {oldest} s");
+    let failed = bounded("failed page", td.store.failed(50, None)).await;
+    assert_eq!(failed.iter().map(|r| r.id).collect::<Vec<_>>(), [ids[1]]);
+    td.drop_table().await;
+}
+
 /// PostgreSQL: a claim changes no indexed column, so it is a HOT update (no index entry
 /// written) as long as the page has room for the claimed copy of the row. A claim takes rows
 /// in id order, most of a page at once, so this holds only because the table leaves room for
