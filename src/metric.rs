@@ -2,6 +2,10 @@
 //! README's Metrics section): dashboards and alerts depend on them, so code refers to these
 //! constants and never spells a name itself; `telemetry` describes each from [`ALL`].
 
+use std::sync::OnceLock;
+
+use metrics::{Counter, Gauge, Histogram};
+
 /// Delivery attempts, labelled `sink` and `outcome`.
 pub const DELIVERIES: &str = "outbox_relay_deliveries_total";
 /// Time one delivery attempt took, labelled `sink`.
@@ -38,6 +42,71 @@ pub const ROWS: &str = "outbox_relay_rows";
 pub const OLDEST_PENDING: &str = "outbox_relay_oldest_pending_seconds";
 /// Ordering keys with rows held back behind an unfinished earlier row (sampled).
 pub const ORDERING_BLOCKED_KEYS: &str = "outbox_relay_ordering_blocked_keys";
+
+/// The outcome labels of [`DELIVERIES`], in the order [`SinkSeries`] keeps their counters.
+pub(crate) const OUTCOMES: [&str; 5] = [
+    "delivered",
+    "retry",
+    "throttle",
+    "permanent",
+    "config_error",
+];
+
+/// One sink's per-delivery series ([`DELIVERIES`], [`DELIVERY_DURATION`], [`END_TO_END`]) and
+/// [`IN_FLIGHT`], each registered the first time it is used (so /metrics shows the same
+/// series as if every delivery named it) and kept: naming a series at every delivery hashes
+/// its labels and looks it up in the registry, 2-3% of the relay's CPU in a profile of a
+/// drain.
+pub struct SinkSeries {
+    sink: String,
+    in_flight: OnceLock<Gauge>,
+    duration: OnceLock<Histogram>,
+    end_to_end: OnceLock<Histogram>,
+    outcomes: [OnceLock<Counter>; OUTCOMES.len()],
+}
+
+impl SinkSeries {
+    pub fn new(sink: &str) -> SinkSeries {
+        SinkSeries {
+            sink: sink.to_string(),
+            in_flight: OnceLock::new(),
+            duration: OnceLock::new(),
+            end_to_end: OnceLock::new(),
+            outcomes: Default::default(),
+        }
+    }
+
+    /// [`IN_FLIGHT`] (not labelled: every sink's handle is the same series).
+    pub fn in_flight(&self) -> &Gauge {
+        self.in_flight.get_or_init(|| metrics::gauge!(IN_FLIGHT))
+    }
+
+    pub fn duration(&self) -> &Histogram {
+        self.duration
+            .get_or_init(|| metrics::histogram!(DELIVERY_DURATION, "sink" => self.sink.clone()))
+    }
+
+    pub fn end_to_end(&self) -> &Histogram {
+        self.end_to_end
+            .get_or_init(|| metrics::histogram!(END_TO_END, "sink" => self.sink.clone()))
+    }
+
+    /// Counts one delivery attempt under [`DELIVERIES`] with `outcome` (an outcome label; any
+    /// other is counted under its own name, its series not kept).
+    pub fn count(&self, outcome: &'static str) {
+        match OUTCOMES.iter().position(|o| *o == outcome) {
+            Some(i) => self.outcomes[i]
+                .get_or_init(|| {
+                    metrics::counter!(DELIVERIES, "sink" => self.sink.clone(), "outcome" => outcome)
+                })
+                .increment(1),
+            None => {
+                metrics::counter!(DELIVERIES, "sink" => self.sink.clone(), "outcome" => outcome)
+                    .increment(1)
+            }
+        }
+    }
+}
 
 /// What kind of metric a name is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,7 +192,34 @@ pub const ALL: &[(&str, Kind, &str)] = &[
 
 #[cfg(test)]
 mod tests {
-    use super::ALL;
+    use super::{ALL, OUTCOMES};
+    use crate::sink::Outcome;
+
+    /// Every outcome's label has a kept counter in `SinkSeries`.
+    #[test]
+    fn every_outcome_label_is_kept() {
+        let outcomes = [
+            Outcome::Delivered,
+            Outcome::Retry {
+                after: None,
+                reason: String::new(),
+            },
+            Outcome::Throttle {
+                pause: std::time::Duration::ZERO,
+                reason: String::new(),
+            },
+            Outcome::Permanent {
+                reason: String::new(),
+            },
+            Outcome::ConfigError {
+                reason: String::new(),
+            },
+        ];
+        for o in &outcomes {
+            assert!(OUTCOMES.contains(&o.label()), "{}", o.label());
+        }
+        assert_eq!(outcomes.len(), OUTCOMES.len());
+    }
 
     /// The README lists every metric (without the `outbox_relay_` prefix), and nothing else.
     #[test]

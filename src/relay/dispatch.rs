@@ -175,7 +175,7 @@ impl Dispatcher {
         }
 
         let started = Instant::now();
-        metrics::gauge!(crate::metric::IN_FLIGHT).increment(1.0);
+        sink.series.in_flight().increment(1.0);
         // The send is polled only while it can still end inside the claim: the clock is read
         // before every poll, so a process paused (SIGSTOP, a long GC-like stall of the host)
         // past that point does not hand the request to the connection when it wakes.
@@ -187,19 +187,15 @@ impl Dispatcher {
                 reason: format!("timed out after {:?}", sink.timeout),
             },
         };
-        metrics::gauge!(crate::metric::IN_FLIGHT).decrement(1.0);
+        sink.series.in_flight().decrement(1.0);
         let took = started.elapsed();
         sink.send_time.record(took);
-        let name = sink.name.clone();
-        metrics::histogram!(crate::metric::DELIVERY_DURATION, "sink" => name.clone())
-            .record(took.as_secs_f64());
-        metrics::counter!(crate::metric::DELIVERIES, "sink" => name.clone(), "outcome" => outcome.label())
-            .increment(1);
+        sink.series.duration().record(took.as_secs_f64());
+        sink.series.count(outcome.label());
         match &outcome {
             Outcome::Delivered => {
                 let e2e = job.row.age_at_claim + job.claimed_at.elapsed();
-                metrics::histogram!(crate::metric::END_TO_END, "sink" => name)
-                    .record(e2e.as_secs_f64());
+                sink.series.end_to_end().record(e2e.as_secs_f64());
             }
             Outcome::Throttle { pause, reason } => sink.pause.pause_for(*pause, reason),
             Outcome::ConfigError { reason } => {

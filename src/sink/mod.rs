@@ -125,6 +125,8 @@ pub struct SinkHandle {
     /// How long its sends take, on average: with the claim's own duration, it decides how
     /// many of its rows are claimed ahead (see `relay/budget.rs`).
     pub send_time: MovingAverage,
+    /// Its delivery metrics, registered once.
+    pub series: crate::metric::SinkSeries,
 }
 
 /// The payload limit of sinks without a setting of their own: FCM messages (4 KiB of data)
@@ -149,6 +151,7 @@ impl SinkHandle {
             queued: AtomicUsize::new(0),
             hungry: AtomicBool::new(false),
             send_time: MovingAverage::default(),
+            series: crate::metric::SinkSeries::new(name),
         }
     }
 }

@@ -12,7 +12,7 @@ mod request;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 
 pub use classify::classify;
 pub use config::WebhookConfig;
@@ -20,6 +20,11 @@ pub use request::{sign, signing_key};
 
 use super::{Delivery, Outcome, Sink, describe_send_error, read_capped, snippet};
 use crate::BoxFuture;
+
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// Most bytes of an error response read: enough for its snippet, never the whole body.
 const ERROR_BODY_BYTES: usize = 4 * 1024;
@@ -79,21 +84,36 @@ impl WebhookSink {
             .duration_since(UNIX_EPOCH)
             .map(|t| t.as_secs())
             .unwrap_or(0);
-        let mut req = self
-            .client
-            .post(self.url.clone())
-            .headers(self.headers.clone())
-            .header("content-type", "application/json")
-            .header("webhook-id", &id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("idempotency-key", format!("\"{id}\""));
-        if let Some(key) = &self.key {
-            req = req.header(
-                "webhook-signature",
-                sign(key, &id, timestamp, d.payload.as_bytes()),
-            );
+        // The request's headers are built in one map sized for them and moved into the
+        // request: the builder's `header` calls parse each name and grow the map, which was
+        // 2-3% of the relay's CPU in a profile of a drain. The configured headers come first
+        // and ours are appended, as the builder did.
+        let mut headers = HeaderMap::with_capacity(self.headers.len() + 8);
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), value.clone());
         }
-        let resp = match req.body(d.payload.clone()).send().await {
+        headers.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.append(WEBHOOK_ID, HeaderValue::from(d.id));
+        headers.append(WEBHOOK_TIMESTAMP, HeaderValue::from(timestamp));
+        // A number in quotes: always a valid header value.
+        if let Ok(v) = HeaderValue::try_from(format!("\"{id}\"")) {
+            headers.append(IDEMPOTENCY_KEY, v);
+        }
+        if let Some(key) = &self.key {
+            // Base64 after "v1,": always a valid header value; never sent unsigned.
+            match HeaderValue::try_from(sign(key, &id, timestamp, d.payload.as_bytes())) {
+                Ok(v) => headers.append(WEBHOOK_SIGNATURE, v),
+                Err(_) => {
+                    return Outcome::Permanent {
+                        reason: "the signature is not a valid header value".into(),
+                    };
+                }
+            };
+        }
+        let mut req = reqwest::Request::new(reqwest::Method::POST, self.url.clone());
+        *req.headers_mut() = headers;
+        *req.body_mut() = Some(d.payload.clone().into());
+        let resp = match self.client.execute(req).await {
             Ok(r) => r,
             Err(e) => {
                 // Without the URL (it may carry a token) and never headers.
