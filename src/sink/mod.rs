@@ -230,3 +230,35 @@ impl SinkRegistry {
             .unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+    use crate::metric::OUTCOMES;
+
+    /// Every outcome's label has a kept counter in `SinkSeries`.
+    #[test]
+    fn every_outcome_label_is_kept() {
+        let outcomes = [
+            Outcome::Delivered,
+            Outcome::Retry {
+                after: None,
+                reason: String::new(),
+            },
+            Outcome::Throttle {
+                pause: std::time::Duration::ZERO,
+                reason: String::new(),
+            },
+            Outcome::Permanent {
+                reason: String::new(),
+            },
+            Outcome::ConfigError {
+                reason: String::new(),
+            },
+        ];
+        for o in &outcomes {
+            assert!(OUTCOMES.contains(&o.label()), "{}", o.label());
+        }
+        assert_eq!(outcomes.len(), OUTCOMES.len());
+    }
+}
