@@ -98,6 +98,18 @@ pub fn budgets(
     Budgets { channels, others }
 }
 
+/// Whether some sink could start a row now: it may send, and it has a free slot that no
+/// claimed row is waiting for (and its rate allows a start within `horizon`). When none can, a
+/// claim would only top up the rows queued for slots already busy, and the loop lets it grow
+/// until it is worth a statement (see the relay loop, step 3).
+pub fn starts_now(sinks: &SinkRegistry, horizon: Duration) -> bool {
+    sinks.iter().any(|s| {
+        s.pause.remaining().is_none()
+            && s.slots.available_permits() > s.queued.load(Ordering::Relaxed)
+            && s.rate.as_ref().is_none_or(|r| r.starts_within(horizon) > 0)
+    })
+}
+
 /// Most rounds of a sink's concurrency claimed ahead of its sends.
 pub const MAX_AHEAD_ROUNDS: u32 = 4;
 
@@ -172,6 +184,34 @@ mod tests {
         // sink still gets nothing, and the busy one only what its queue leaves.
         let b = budgets(&sinks, 64, H, false, None);
         assert_eq!(b.channels, vec![("free".into(), 20), ("busy".into(), 2)]);
+    }
+
+    #[test]
+    fn a_sink_starts_now_only_with_a_slot_nothing_queued_waits_for() {
+        let sinks = registry(&[("a", 2), ("paused", 4)]);
+        sinks
+            .get("paused")
+            .expect("sink")
+            .pause
+            .pause_for(Duration::from_secs(60), "throttled");
+        let a = sinks.get("a").expect("sink");
+        assert!(starts_now(&sinks, H), "two free slots, nothing queued");
+        let _busy = a.slots.clone().try_acquire_owned().expect("a slot");
+        a.queued.store(1, Ordering::Relaxed);
+        assert!(
+            !starts_now(&sinks, H),
+            "its free slot is promised to a queued row"
+        );
+        a.queued.store(0, Ordering::Relaxed);
+        assert!(
+            starts_now(&sinks, H),
+            "the queued row took its slot: one is free"
+        );
+        let _both = a.slots.clone().try_acquire_owned().expect("a slot");
+        assert!(
+            !starts_now(&sinks, H),
+            "every slot busy; the paused sink never counts"
+        );
     }
 
     #[test]

@@ -45,6 +45,12 @@ const BUDGET_HORIZON: Duration = Duration::from_millis(500);
 /// Longest the loop waits for half a batch of free slots before claiming for the slots that
 /// are free.
 const GATHER_SLOTS: Duration = Duration::from_millis(20);
+/// Longest a claim that would only top up the sinks' queues waits to be worth a statement
+/// (half a batch), while every sink's slots are busy or promised.
+const TOP_UP_WAIT: Duration = Duration::from_millis(3);
+/// How often such a claim is looked at again while it waits (a freed slot of a hungry sink
+/// wakes the loop sooner).
+const TOP_UP_POLL: Duration = Duration::from_micros(500);
 /// How often a claim also takes some of each channel's newest rows, so that under a backlog a
 /// row just committed waits at most about this long (plus one claim), not behind the backlog.
 const NEWEST_EVERY: Duration = Duration::from_millis(100);
@@ -91,6 +97,8 @@ impl Relay {
         let mut last_others = Instant::now() - OTHERS_EVERY;
         let mut last_newest = Instant::now() - NEWEST_EVERY;
         let mut gathered = false;
+        // Since when a claim that would only top up the sinks' queues has been waiting.
+        let mut topping_up: Option<Instant> = None;
         // How long claims take: with each sink's send time it sizes the rows claimed ahead.
         let claim_time = MovingAverage::default();
         tracing::info!(
@@ -166,6 +174,30 @@ impl Relay {
             if others {
                 last_others = Instant::now();
             }
+            //    A claim that would only top up the rows queued for busy sinks (no sink could
+            //    start a row now) waits, for at most TOP_UP_WAIT, until the sinks ask for half
+            //    a batch: queued rows keep every sink busy meanwhile, and under load claims of
+            //    30-80 rows become fewer claims of more. Against a Node receiver on PostgreSQL,
+            //    nine alternate drains each: 0.0149 statements per delivered row against
+            //    0.0201 (over the 0.02 target in four of nine), 1.06x the rows/s. A sink with
+            //    a free slot and nothing queued is never kept waiting, so light load is
+            //    claimed at once (docs/design.md, "Claims worth a statement").
+            if (1..worth_claiming as u32).contains(&budgets.total())
+                && busy > 0
+                && budgets.others.is_none()
+                && !budget::starts_now(&self.sinks, BUDGET_HORIZON)
+            {
+                let since = *topping_up.get_or_insert_with(Instant::now);
+                if since.elapsed() < TOP_UP_WAIT {
+                    tokio::select! {
+                        _ = self.wake.notified() => {}
+                        _ = tokio::time::sleep(TOP_UP_POLL) => {}
+                        _ = self.shutdown.cancelled() => {}
+                    }
+                    continue;
+                }
+            }
+            topping_up = None;
             if budgets.total() == 0 {
                 tokio::select! {
                     _ = self.wake.notified() => {}
