@@ -154,6 +154,12 @@ mod tests {
 
     const H: Duration = Duration::from_millis(500);
 
+    /// Pauses sink `name` for a minute, as a throttle would.
+    fn pause(sinks: &SinkRegistry, name: &str) {
+        let sink = sinks.get(name).expect("sink");
+        sink.pause.pause_for(Duration::from_secs(60), "throttled");
+    }
+
     #[test]
     fn small_asks_are_met_and_the_rest_shared_evenly() {
         let sinks = registry(&[("a", 100), ("b", 100), ("c", 3)]);
@@ -169,11 +175,7 @@ mod tests {
     #[test]
     fn paused_full_and_promised_sinks_ask_for_nothing() {
         let sinks = registry(&[("paused", 10), ("busy", 2), ("free", 10)]);
-        sinks
-            .get("paused")
-            .expect("sink")
-            .pause
-            .pause_for(Duration::from_secs(60), "throttled");
+        pause(&sinks, "paused");
         let busy = sinks.get("busy").expect("sink");
         busy.queued.store(1, Ordering::Relaxed);
         let _slot = busy.slots.clone().try_acquire_owned().expect("a slot");
@@ -189,11 +191,7 @@ mod tests {
     #[test]
     fn a_sink_starts_now_only_with_a_slot_nothing_queued_waits_for() {
         let sinks = registry(&[("a", 2), ("paused", 4)]);
-        sinks
-            .get("paused")
-            .expect("sink")
-            .pause
-            .pause_for(Duration::from_secs(60), "throttled");
+        pause(&sinks, "paused");
         let a = sinks.get("a").expect("sink");
         assert!(starts_now(&sinks, H), "two free slots, nothing queued");
         let _busy = a.slots.clone().try_acquire_owned().expect("a slot");
