@@ -334,15 +334,7 @@ pub(super) async fn add_open_columns(
         let open = "status IN ('PENDING', 'RETRY')";
         let mut adds = Vec::new();
         for (col, of) in [("open_channel", "channel"), ("open_key", "ordering_key")] {
-            let exists: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.COLUMNS
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
-            )
-            .bind(table.to_string())
-            .bind(col.to_string())
-            .fetch_one(&mut **conn)
-            .await?;
-            if exists == 0 {
+            if !column_exists(conn, table, col).await? {
                 adds.push(format!(
                     "ADD COLUMN {col} VARCHAR(191) AS (CASE WHEN {open} THEN {of} END) VIRTUAL"
                 ));
@@ -371,6 +363,23 @@ pub(super) async fn add_open_columns(
         }
     }
     Ok(())
+}
+
+/// Whether `table` has a column named `column`.
+async fn column_exists(
+    conn: &mut sqlx::pool::PoolConnection<sqlx::Any>,
+    table: &str,
+    column: &str,
+) -> anyhow::Result<bool> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+    )
+    .bind(table.to_string())
+    .bind(column.to_string())
+    .fetch_one(&mut **conn)
+    .await?;
+    Ok(n > 0)
 }
 
 /// Schema version 8: fewer secondary indexes change when a row is delivered. On InnoDB each
@@ -409,20 +418,13 @@ pub(super) async fn slim_indexes(
             i.eq_ignore_ascii_case(&name) && column.is_none_or(|col| c.eq_ignore_ascii_case(col))
         })
     };
-    let flag: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM information_schema.COLUMNS
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'failed_flag'",
-    )
-    .bind(table.to_string())
-    .fetch_one(&mut **conn)
-    .await?;
     let mut clauses = Vec::new();
     for gone in ["due_idx", "age_idx"] {
         if has(gone, None) {
             clauses.push(format!("DROP INDEX {table}_{gone}"));
         }
     }
-    if flag == 0 {
+    if !column_exists(conn, table, "failed_flag").await? {
         clauses.push(
             "ADD COLUMN failed_flag TINYINT AS (CASE WHEN status = 'FAILED' THEN 1 END) VIRTUAL"
                 .to_string(),

@@ -92,13 +92,19 @@ impl WebhookSink {
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
         }
+        // Both from the idempotency key (a number: always valid header values).
+        let (Ok(webhook_id), Ok(idempotency_key)) = (
+            HeaderValue::from_str(&id),
+            HeaderValue::try_from(format!("\"{id}\"")),
+        ) else {
+            return Outcome::Permanent {
+                reason: "the row's idempotency key is not a valid header value".into(),
+            };
+        };
         headers.append(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.append(WEBHOOK_ID, HeaderValue::from(d.id));
+        headers.append(WEBHOOK_ID, webhook_id);
         headers.append(WEBHOOK_TIMESTAMP, HeaderValue::from(timestamp));
-        // A number in quotes: always a valid header value.
-        if let Ok(v) = HeaderValue::try_from(format!("\"{id}\"")) {
-            headers.append(IDEMPOTENCY_KEY, v);
-        }
+        headers.append(IDEMPOTENCY_KEY, idempotency_key);
         if let Some(key) = &self.key {
             // Base64 after "v1,": always a valid header value; never sent unsigned.
             match HeaderValue::try_from(sign(key, &id, timestamp, d.payload.as_bytes())) {
