@@ -17,6 +17,7 @@ pub(super) async fn open(settings: &Settings) -> Result<Arc<SqlStore>, CliError>
         &settings.table,
         2,
         db.connect_timeout,
+        1,
     )
     .await
     .map_err(|e| {
@@ -400,8 +401,15 @@ async fn check_table(s: &Settings) -> Result<(), CliError> {
     let cols = store::Columns::from_settings(&s.table);
     say!("table: {} (mapped: {})", s.database.table, cols.describe());
     let db = &s.database;
-    let connected =
-        store::connect_mapped(db.url.expose(), &db.table, &s.table, 1, db.connect_timeout).await;
+    let connected = store::connect_mapped(
+        db.url.expose(),
+        &db.table,
+        &s.table,
+        1,
+        db.connect_timeout,
+        1,
+    )
+    .await;
     let store = match connected {
         Ok(store) => store,
         Err(e) => {

@@ -206,6 +206,7 @@ async fn connect(
                 &settings.table,
                 db.max_connections,
                 db.connect_timeout,
+                store::WARM_CONNECTIONS,
             )
             .await?;
             if db.migrate {
@@ -213,7 +214,6 @@ async fn connect(
                 super::admin::ensure_shedlock_table(settings, &store).await?;
             }
             let problems = store.check_table().await?;
-            store.warm(store::WARM_CONNECTIONS).await?;
             anyhow::Ok((store, problems))
         });
         let attempt = tokio::select! {

@@ -419,15 +419,17 @@ pub async fn connect(
 }
 
 /// Opens the store for `url` on `table`, mapped by `[table]` (the relay's own table when it
-/// sets nothing), without migrating.
+/// sets nothing), without migrating, with up to `open` connections opened side by side.
 pub async fn connect_mapped(
     url: &str,
     table: &str,
     mapping: &crate::config::TableSettings,
     max_connections: u32,
     connect_timeout: Duration,
+    open: u32,
 ) -> anyhow::Result<Arc<SqlStore>> {
-    let store = SqlStore::connect(url, table, max_connections, connect_timeout).await?;
+    let store =
+        SqlStore::connect_opening(url, table, max_connections, connect_timeout, open).await?;
     Ok(Arc::new(
         store.with_columns(Columns::from_settings(mapping)),
     ))

@@ -97,12 +97,28 @@ fn take_sqlite_synchronous(url: &str) -> anyhow::Result<(String, &'static str)> 
 }
 
 impl SqlStore {
-    /// Connects (without migrating). `table` must already be a validated identifier.
+    /// Connects (without migrating), opening one connection. `table` must already be a
+    /// validated identifier.
     pub async fn connect(
         url: &str,
         table: &str,
         max_connections: u32,
         connect_timeout: Duration,
+    ) -> anyhow::Result<SqlStore> {
+        SqlStore::connect_opening(url, table, max_connections, connect_timeout, 1).await
+    }
+
+    /// Connects (without migrating), opening up to `open` connections side by side before
+    /// anything else (see [`SqlStore::warm`]; at least one must open). The relay opens
+    /// [`WARM_CONNECTIONS`] here, before its migration runs: opened one first and the rest
+    /// after the migration, a TLS connection's ~90 ms came twice before the first claim
+    /// (docs/design.md, "Connections").
+    pub async fn connect_opening(
+        url: &str,
+        table: &str,
+        max_connections: u32,
+        connect_timeout: Duration,
+        open: u32,
     ) -> anyhow::Result<SqlStore> {
         sqlx::any::install_default_drivers();
         let (url, sqlite_sync) = take_sqlite_synchronous(url)?;
@@ -201,7 +217,8 @@ impl SqlStore {
                 })
             }
         };
-        let pool = options.connect(url).await?;
+        let pool = options.connect_lazy(url)?;
+        open_side_by_side(&pool, open.max(1)).await?;
         match dialect {
             Dialect::MySql { .. } => {
                 let version: String = sqlx::query_scalar("SELECT VERSION()")
@@ -245,49 +262,7 @@ impl SqlStore {
     /// twice for the server's delayed ACK, about 90 ms in all on loopback (docs/design.md,
     /// "Connections"). Statements on an open connection are not affected.
     pub async fn warm(&self, n: u32) -> anyhow::Result<()> {
-        // More openers than the pool allows would wait for one another until the acquire
-        // timeout.
-        let n = n.min(self.pool.options().get_max_connections());
-        let mut opening = tokio::task::JoinSet::new();
-        for _ in 0..n {
-            let pool = self.pool.clone();
-            opening.spawn(async move { pool.acquire().await });
-        }
-        // Each connection is held until all are open, so that none is handed to another
-        // opener and each opener opens its own.
-        let mut open = Vec::with_capacity(n as usize);
-        let mut failed = None;
-        while let Some(joined) = opening.join_next().await {
-            match joined {
-                Ok(Ok(conn)) => open.push(conn),
-                Ok(Err(e)) => failed = Some(anyhow::Error::from(e)),
-                Err(e) => failed = Some(anyhow::Error::from(e)),
-            }
-        }
-        // Dropped connections go back to the pool from tasks of their own: wait (briefly) until
-        // they are idle. A statement that asks the pool for a connection before they are back,
-        // after some of the openings failed, was seen to wait its whole acquire timeout.
-        let opened = open.len();
-        drop(open);
-        let until = tokio::time::Instant::now() + Duration::from_secs(1);
-        while self.pool.num_idle() < opened && tokio::time::Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        // Fewer than asked (a server near its connection limit) is not a reason to refuse to
-        // run: the pool opens more when they are needed, as it would without the warm-up.
-        match failed {
-            Some(e) if opened == 0 => Err(e),
-            Some(e) => {
-                tracing::warn!(
-                    opened,
-                    asked = n,
-                    error = %format!("{e:#}"),
-                    "could not open every database connection at start; going on with fewer"
-                );
-                Ok(())
-            }
-            None => Ok(()),
-        }
+        open_side_by_side(&self.pool, n).await
     }
 
     /// The same store on a table mapped by `[table]` (see `columns.rs`).
@@ -387,6 +362,74 @@ impl SqlStore {
         q.push(" RETURNING id");
         let r = q.query(self).fetch_one(&self.pool).await?;
         Ok(r.try_get::<i64, _>(0)?)
+    }
+}
+
+/// Opens up to `n` connections of `pool` side by side and leaves them idle in it (see
+/// [`SqlStore::warm`]). Fails only when none could be opened.
+async fn open_side_by_side(pool: &AnyPool, n: u32) -> anyhow::Result<()> {
+    // More openers than the pool allows would wait for one another until the acquire
+    // timeout.
+    let n = n.min(pool.options().get_max_connections());
+    let mut opening = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let pool = pool.clone();
+        opening.spawn(async move { pool.acquire().await });
+    }
+    // Each connection is held until all are open, so that none is handed to another
+    // opener and each opener opens its own.
+    let mut open = Vec::with_capacity(n as usize);
+    let mut failed = None;
+    while let Some(joined) = opening.join_next().await {
+        match joined {
+            Ok(Ok(conn)) => open.push(conn),
+            Ok(Err(e)) => failed = Some(anyhow::Error::from(e)),
+            Err(e) => failed = Some(anyhow::Error::from(e)),
+        }
+    }
+    // Dropped connections go back to the pool from tasks of their own: wait (briefly) until
+    // they are idle. A statement that asks the pool for a connection before they are back,
+    // after some of the openings failed, was seen to wait its whole acquire timeout.
+    let opened = open.len();
+    drop(open);
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while pool.num_idle() < opened && tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Fewer than asked (a server near its connection limit) is not a reason to refuse to
+    // run: the pool opens more when they are needed, as it would without the warm-up.
+    match failed {
+        Some(e) if opened == 0 => Err(why_none_opened(pool, e).await),
+        Some(e) => {
+            tracing::warn!(
+                opened,
+                asked = n,
+                error = %format!("{e:#}"),
+                "could not open every database connection at start; going on with fewer"
+            );
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+/// sqlx reports a connection it could not open within the acquire timeout as "pool timed
+/// out", without the cause (it retries refused connections until then). One direct attempt
+/// names it: refused, unknown host, a failed authentication.
+async fn why_none_opened(pool: &AnyPool, e: anyhow::Error) -> anyhow::Error {
+    if !matches!(
+        e.downcast_ref::<sqlx::Error>(),
+        Some(sqlx::Error::PoolTimedOut)
+    ) {
+        return e;
+    }
+    let options = pool.connect_options();
+    let attempt = sqlx::ConnectOptions::connect(&*options);
+    match tokio::time::timeout(pool.options().get_acquire_timeout(), attempt).await {
+        Ok(Err(cause)) => {
+            anyhow::Error::from(cause).context("no database connection could be opened")
+        }
+        Ok(Ok(_)) | Err(_) => e,
     }
 }
 

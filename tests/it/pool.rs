@@ -47,6 +47,48 @@ async fn warm_opens_connections_side_by_side_and_keeps_them(db: Db) {
 }
 per_db!(warm_opens_connections_side_by_side_and_keeps_them);
 
+/// The relay's start (`connect_opening`) opens its connections before anything else runs, so
+/// the migration and the first claims use them instead of opening more; a plain `connect`
+/// (the admin commands) opens one.
+async fn connect_opening_opens_every_connection_up_front(db: Db) {
+    let Some(td) = TestDb::open(db, "pool_opening").await else {
+        return;
+    };
+    let t = Duration::from_secs(5);
+    let store = bounded(
+        "connect_opening",
+        SqlStore::connect_opening(&td.url, &td.table, 8, t, 4),
+    )
+    .await;
+    assert_eq!(store.pool().size(), 4, "{}", db.name());
+    bounded("migrate", store.migrate()).await;
+    assert_eq!(
+        store.pool().size(),
+        4,
+        "{}: the migration opened a connection of its own",
+        db.name()
+    );
+    let plain = bounded("connect", SqlStore::connect(&td.url, &td.table, 8, t)).await;
+    assert_eq!(plain.pool().size(), 1, "{}", db.name());
+    // A database that cannot be reached fails the start...
+    let Err(e) = SqlStore::connect_opening(
+        "postgres://postgres@127.0.0.1:1/test",
+        &td.table,
+        8,
+        Duration::from_secs(1),
+        4,
+    )
+    .await
+    else {
+        panic!("connected to a closed port");
+    };
+    // ... and names the cause, not only sqlx's "pool timed out".
+    let message = format!("{e:#}");
+    assert!(message.contains("refused"), "{message}");
+    td.drop_table().await;
+}
+per_db!(connect_opening_opens_every_connection_up_front);
+
 /// PostgreSQL: a role allowed two connections. The warm-up asks for four, opens two, and the
 /// store works; before the fallback, the relay refused to start on such a server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
