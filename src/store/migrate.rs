@@ -145,6 +145,21 @@ async fn apply(
         .map(|r| r.try_get::<i64, _>(0))
         .transpose()?
         .unwrap_or(0);
+    // A table dropped by hand (a developer starting over) leaves its version behind, and
+    // the relay would call a missing table up to date and fail every claim: build it again.
+    let current = if current > 0 && !table_exists(conn, dialect, table).await? {
+        tracing::warn!(
+            table,
+            recorded_version = current,
+            "the table is missing although its schema version is recorded; creating it"
+        );
+        let mut q = Sql::new("DELETE FROM outbox_relay_schema WHERE target = ");
+        q.text(table);
+        q.finalized(dialect).execute(&mut **conn).await?;
+        0
+    } else {
+        current
+    };
     let mut applied = Vec::new();
     for version in (current + 1)..=LATEST {
         for step in steps(dialect, table, version) {
@@ -169,4 +184,31 @@ async fn apply(
         applied.push(version);
     }
     Ok(applied)
+}
+
+/// Whether `table` exists (in the connection's schema or database).
+async fn table_exists(
+    conn: &mut sqlx::pool::PoolConnection<Any>,
+    dialect: Dialect,
+    table: &str,
+) -> anyhow::Result<bool> {
+    let mut q = Sql::new(match dialect {
+        Dialect::Postgres => "SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass(",
+        Dialect::MySql { .. } => {
+            "SELECT COUNT(*) FROM information_schema.TABLES \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ("
+        }
+        Dialect::Sqlite => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = (",
+    });
+    q.text(table).push(")");
+    if dialect == Dialect::Sqlite {
+        // SQLite's names are not case-sensitive.
+        q.push(" COLLATE NOCASE");
+    }
+    let n: i64 = q
+        .finalized(dialect)
+        .fetch_one(&mut **conn)
+        .await?
+        .try_get(0)?;
+    Ok(n > 0)
 }
