@@ -104,6 +104,23 @@ fn inserts(table: &str, n: usize, keys: usize) -> Vec<String> {
         .collect()
 }
 
+/// Runs `run` on a fresh table name (`prefix` and a unique suffix) and drops the table
+/// afterwards, whatever `run` returned.
+pub(crate) async fn on_own_table<T, F>(db: Db, url: &str, prefix: &str, run: F) -> anyhow::Result<T>
+where
+    F: AsyncFnOnce(&str) -> anyhow::Result<T>,
+{
+    let table = unique_table(prefix);
+    let result = run(&table).await;
+    drop_table(
+        url,
+        &table,
+        (db == Db::Postgres).then_some(Dialect::Postgres),
+    )
+    .await;
+    result
+}
+
 /// Drops a bench table and what `migrate` created with it (best effort).
 pub(crate) async fn drop_table(url: &str, table: &str, dialect: Option<Dialect>) {
     let Ok(store) = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await else {

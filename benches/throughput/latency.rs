@@ -51,15 +51,10 @@ pub(crate) async fn latency_run(
     rate: u32,
     seconds: u32,
 ) -> anyhow::Result<Latency> {
-    let table = unique_table("latency");
-    let result = latency_run_on(db, url, &table, receiver, rate, seconds).await;
-    drop_table(
-        url,
-        &table,
-        (db == Db::Postgres).then_some(Dialect::Postgres),
-    )
-    .await;
-    result
+    on_own_table(db, url, "latency", async |t| {
+        latency_run_on(db, url, t, receiver, rate, seconds).await
+    })
+    .await
 }
 
 async fn latency_run_on(

@@ -358,6 +358,7 @@ async fn bench() -> bool {
         }
     }
     let mut memory: Vec<(Db, Rss)> = Vec::new();
+    let mut starts: Vec<(Db, Start)> = Vec::new();
     if section_on("memory") {
         for &db in &dbs {
             let Ok(dir) = tempfile::tempdir() else {
@@ -381,6 +382,18 @@ async fn bench() -> bool {
                     memory.push((db, r));
                 }
                 Err(e) => println!("  {:<8} memory    ERROR: {e:#}", db.name()),
+            }
+            match start_run(db, &db.url(dir.path()), &receiver, rows).await {
+                Ok(r) => {
+                    println!(
+                        "  {:<8} start     the relay binary, defaults (database lease), started on {rows} waiting rows: first send after {:.0} ms, {:.0} rows/s from the start",
+                        db.name(),
+                        r.first_send.as_secs_f64() * 1000.0,
+                        r.rows_per_sec
+                    );
+                    starts.push((db, r));
+                }
+                Err(e) => println!("  {:<8} start     ERROR: {e:#}", db.name()),
             }
         }
     }
@@ -475,7 +488,14 @@ async fn bench() -> bool {
             "note: the claim-mode instances share this machine's {cores} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give."
         );
     }
-    report::print_markdown(&sections, &claim_sections, &latencies, &memory, cores);
+    report::print_markdown(
+        &sections,
+        &claim_sections,
+        &latencies,
+        &memory,
+        &starts,
+        cores,
+    );
     if sections
         .iter()
         .any(|s| s.db == Db::Postgres && s.main.is_some())

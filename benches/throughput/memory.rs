@@ -1,7 +1,8 @@
-//! The relay binary's resident memory with the defaults: idle, and its peak while it drains
-//! a backlog as fast as it can. The release binary runs as its own process (the other
-//! sections run the relay inside the bench process, where the receiver and the bench share
-//! its memory).
+//! The relay binary as its own process (the other sections run the relay inside the bench
+//! process, where the receiver and the bench share its memory and CPU): its resident memory
+//! with the defaults, idle and at its peak while it drains a backlog as fast as it can; and its
+//! start, on a table whose backlog is already there when it starts, with the default
+//! `database` lease: the time to its first send, and its rate counted from the start.
 
 use super::*;
 
@@ -13,6 +14,15 @@ pub(crate) struct Rss {
     /// `VmHWM` (peak resident) after draining the backlog, KiB.
     pub(crate) peak_kib: u64,
     /// The binary's rate over the backlog, from its first send until every row is SUCCESS.
+    pub(crate) rows_per_sec: f64,
+}
+
+/// One start run's figures.
+#[derive(Debug, Clone)]
+pub(crate) struct Start {
+    /// From the spawn of the process to the receiver's first request.
+    pub(crate) first_send: Duration,
+    /// The backlog's rows over the time from the spawn until every row is SUCCESS.
     pub(crate) rows_per_sec: f64,
 }
 
@@ -33,15 +43,10 @@ pub(crate) async fn rss_run(
     receiver: &Receiver,
     rows: usize,
 ) -> anyhow::Result<Rss> {
-    let table = unique_table("rss");
-    let result = rss_run_on(url, &table, receiver, rows).await;
-    drop_table(
-        url,
-        &table,
-        (db == Db::Postgres).then_some(Dialect::Postgres),
-    )
-    .await;
-    result
+    on_own_table(db, url, "rss", async |t| {
+        rss_run_on(url, t, receiver, rows).await
+    })
+    .await
 }
 
 async fn rss_run_on(
@@ -57,21 +62,7 @@ async fn rss_run_on(
         .poll_interval(Duration::from_millis(500))
         .hook(|s| s.timeout(SINK_TIMEOUT))
         .write(dir.path(), "relay.toml");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .current_dir(dir.path())
-        .env_remove("RUST_LOG")
-        .env("OUTBOX_RELAY__DATABASE__URL", url)
-        .env("OUTBOX_RELAY__DATABASE__TABLE", table)
-        .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
-        .env("OUTBOX_RELAY__LOG__LEVEL", "warn")
-        .arg("--config")
-        .arg(&config)
-        .arg("run")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .context("spawn outbox-relay")?;
+    let mut child = spawn_relay(&config, dir.path(), url, table)?;
     let pid = child.id();
     let outcome = async {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -84,35 +75,8 @@ async fn rss_run_on(
         fill_at_once(&store, table, rows).await?;
         let committed = Instant::now();
         let deadline = committed + RELAY_RUN_LIMIT;
-        let started = loop {
-            if receiver.count() > received_before {
-                break Instant::now();
-            }
-            if Instant::now() > deadline {
-                bail!("no row delivered within {RELAY_RUN_LIMIT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        };
-        loop {
-            // The receiver first (free), then the database to confirm.
-            if receiver.count() - received_before >= rows as u64 {
-                let done = scalar(
-                    store.pool(),
-                    format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
-                )
-                .await?;
-                if done as usize >= rows {
-                    break;
-                }
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} of {rows} rows received within {RELAY_RUN_LIMIT:?}",
-                    receiver.count() - received_before
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let started = first_send(receiver, received_before, deadline).await?;
+        all_delivered(&store, table, receiver, received_before, rows, deadline).await?;
         let rows_per_sec = rows as f64 / started.elapsed().as_secs_f64();
         let peak_kib = status_kib(pid, "VmHWM:").context("read VmHWM")?;
         store.pool().close().await;
@@ -126,4 +90,124 @@ async fn rss_run_on(
     let _ = child.kill();
     let _ = child.wait();
     outcome
+}
+
+/// Runs `outbox-relay run` with the defaults (the `database` lease included) on a table that
+/// already holds `rows` waiting rows, timed from the spawn: what a user who starts the relay
+/// on a backlog sees, start-up (connections, migration check, lease) included.
+pub(crate) async fn start_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    rows: usize,
+) -> anyhow::Result<Start> {
+    on_own_table(db, url, "start", async |t| {
+        start_run_on(url, t, receiver, rows).await
+    })
+    .await
+}
+
+async fn start_run_on(
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    rows: usize,
+) -> anyhow::Result<Start> {
+    prepare_table(url, table, rows, true, 0).await?;
+    let dir = tempfile::tempdir()?;
+    let config = Config::webhook(&receiver.url)
+        .poll_interval(Duration::from_millis(500))
+        .hook(|s| s.timeout(SINK_TIMEOUT))
+        .write(dir.path(), "relay.toml");
+    let store = SqlStore::connect(url, table, 2, Duration::from_secs(5)).await?;
+    let received_before = receiver.count();
+    let spawned = Instant::now();
+    let mut child = spawn_relay(&config, dir.path(), url, table)?;
+    let outcome = async {
+        let deadline = spawned + RELAY_RUN_LIMIT;
+        let first = first_send(receiver, received_before, deadline).await?;
+        all_delivered(&store, table, receiver, received_before, rows, deadline).await?;
+        anyhow::Ok(Start {
+            first_send: first - spawned,
+            rows_per_sec: rows as f64 / spawned.elapsed().as_secs_f64(),
+        })
+    }
+    .await;
+    let _ = child.kill();
+    let _ = child.wait();
+    store.pool().close().await;
+    outcome
+}
+
+/// Starts the release binary with `config`, on `table` at `url`, logging warnings only.
+fn spawn_relay(
+    config: &std::path::Path,
+    dir: &std::path::Path,
+    url: &str,
+    table: &str,
+) -> anyhow::Result<std::process::Child> {
+    std::process::Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env("OUTBOX_RELAY__DATABASE__URL", url)
+        .env("OUTBOX_RELAY__DATABASE__TABLE", table)
+        .env("OUTBOX_RELAY__HTTP__LISTEN", "127.0.0.1:0")
+        .env("OUTBOX_RELAY__LOG__LEVEL", "warn")
+        .arg("--config")
+        .arg(config)
+        .arg("run")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("spawn outbox-relay")
+}
+
+/// Waits for the receiver's first request after `before`; returns when it came.
+async fn first_send(
+    receiver: &Receiver,
+    before: u64,
+    deadline: Instant,
+) -> anyhow::Result<Instant> {
+    loop {
+        if receiver.count() > before {
+            return Ok(Instant::now());
+        }
+        if Instant::now() > deadline {
+            bail!("no row delivered within {RELAY_RUN_LIMIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Waits until the receiver has `rows` requests more than `before` and the database shows
+/// every row SUCCESS.
+async fn all_delivered(
+    store: &SqlStore,
+    table: &str,
+    receiver: &Receiver,
+    before: u64,
+    rows: usize,
+    deadline: Instant,
+) -> anyhow::Result<()> {
+    loop {
+        // The receiver first (free), then the database to confirm.
+        if receiver.count() - before >= rows as u64 {
+            let done = scalar(
+                store.pool(),
+                format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
+            )
+            .await?;
+            if done as usize >= rows {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} of {rows} rows received within {RELAY_RUN_LIMIT:?}",
+                receiver.count() - before
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

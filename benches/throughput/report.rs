@@ -22,17 +22,18 @@ pub(crate) fn print_markdown(
     claims: &[ClaimSection],
     latencies: &[(Db, Vec<Latency>)],
     memory: &[(Db, Rss)],
+    starts: &[(Db, Start)],
     cores: usize,
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog)"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn)"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | RSS of the relay binary, idle / peak (MiB) |"
+        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for s in sections {
         if s.skipped.is_some() {
             continue;
@@ -55,8 +56,12 @@ pub(crate) fn print_markdown(
             ),
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
+        let of_ceiling = |rows_per_sec: f64| match s.ceiling.filter(|c| *c > 0.0) {
+            Some(c) => format!("{rows_per_sec:.0} ({:.0}%)", rows_per_sec / c * 100.0),
+            None => format!("{rows_per_sec:.0}"),
+        };
         println!(
-            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {} | {} |",
+            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {} | {} | {} |",
             s.db.name(),
             s.ceiling.map_or("-".into(), |c| format!("{c:.0}")),
             lat(100),
@@ -64,11 +69,15 @@ pub(crate) fn print_markdown(
             memory
                 .iter()
                 .find(|(db, _)| *db == s.db)
-                .map_or("-".into(), |(_, r)| match s.ceiling.filter(|c| *c > 0.0) {
-                    Some(c) =>
-                        format!("{:.0} ({:.0}%)", r.rows_per_sec, r.rows_per_sec / c * 100.0),
-                    None => format!("{:.0}", r.rows_per_sec),
-                }),
+                .map_or("-".into(), |(_, r)| of_ceiling(r.rows_per_sec)),
+            starts
+                .iter()
+                .find(|(db, _)| *db == s.db)
+                .map_or("-".into(), |(_, r)| format!(
+                    "{:.0}, {}",
+                    r.first_send.as_secs_f64() * 1000.0,
+                    of_ceiling(r.rows_per_sec)
+                )),
             memory
                 .iter()
                 .find(|(db, _)| *db == s.db)
