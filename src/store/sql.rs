@@ -110,9 +110,8 @@ impl SqlStore {
 
     /// Connects (without migrating), opening up to `open` connections side by side before
     /// anything else (see [`SqlStore::warm`]; at least one must open). The relay opens
-    /// [`WARM_CONNECTIONS`] here, before its migration runs: opened one first and the rest
-    /// after the migration, a TLS connection's ~90 ms came twice before the first claim
-    /// (docs/design.md, "Connections").
+    /// [`WARM_CONNECTIONS`] here, before its migration runs, so that opening them costs one
+    /// connection's time before the first claim, not two (docs/design.md, "Connections").
     pub async fn connect_opening(
         url: &str,
         table: &str,
@@ -135,8 +134,9 @@ impl SqlStore {
             .max_connections(if in_memory { 1 } else { max_connections })
             .acquire_timeout(connect_timeout)
             // A connection, once open, stays open (until it fails or reaches the pool's
-            // maximum lifetime): opening one can cost a TLS handshake of ~90 ms (see
-            // [`SqlStore::warm`]), which must not land on a claim after a quiet spell.
+            // maximum lifetime): opening one costs a TLS handshake and the server's session
+            // start (see [`SqlStore::warm`]), which must not land on a claim after a quiet
+            // spell.
             .idle_timeout(None)
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
@@ -257,10 +257,9 @@ impl SqlStore {
     /// them idle in the pool, so that the relay's first claims and result writes do
     /// not each wait for a connection of their own to be opened.
     ///
-    /// Why it matters: sqlx does not set TCP_NODELAY on its sockets, so a TLS handshake
-    /// (PostgreSQL's default `sslmode=prefer` uses TLS whenever the server offers it) waits
-    /// twice for the server's delayed ACK, about 90 ms in all on loopback (docs/design.md,
-    /// "Connections"). Statements on an open connection are not affected.
+    /// Why it matters: a connection opened on demand puts its opening (a TLS handshake, the
+    /// server's session start; ~90 ms with sqlx 0.9.0's sockets, see docs/design.md,
+    /// "Connections") on the claim or result write that asked for it.
     pub async fn warm(&self, n: u32) -> anyhow::Result<()> {
         open_side_by_side(&self.pool, n).await
     }
