@@ -258,8 +258,8 @@ impl SqlStore {
     /// not each wait for a connection of their own to be opened.
     ///
     /// Why it matters: a connection opened on demand puts its opening (a TLS handshake, the
-    /// server's session start; ~90 ms with sqlx 0.9.0's sockets, see docs/design.md,
-    /// "Connections") on the claim or result write that asked for it.
+    /// server's session start; docs/design.md, "Connections") on the claim or result write
+    /// that asked for it.
     pub async fn warm(&self, n: u32) -> anyhow::Result<()> {
         open_side_by_side(&self.pool, n).await
     }
