@@ -53,6 +53,8 @@ pub struct SqlStore {
 
 pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
+/// The longest the direct attempt that names why no connection opened may take.
+const WHY_ATTEMPT: Duration = Duration::from_secs(1);
 /// A pooled connection idle for longer than this is pinged before it is used.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// Connections the relay opens side by side before its loop starts (at most
@@ -414,7 +416,9 @@ async fn open_side_by_side(pool: &AnyPool, n: u32) -> anyhow::Result<()> {
 
 /// sqlx reports a connection it could not open within the acquire timeout as "pool timed
 /// out", without the cause (it retries refused connections until then). One direct attempt
-/// names it: refused, unknown host, a failed authentication.
+/// names it: refused, unknown host, a failed authentication. Those fail at once; the attempt
+/// gets at most [`WHY_ATTEMPT`], so a server that does not answer at all delays the error (and
+/// the start-up retry) by that much, not by another acquire timeout.
 async fn why_none_opened(pool: &AnyPool, e: anyhow::Error) -> anyhow::Error {
     if !matches!(
         e.downcast_ref::<sqlx::Error>(),
@@ -424,7 +428,8 @@ async fn why_none_opened(pool: &AnyPool, e: anyhow::Error) -> anyhow::Error {
     }
     let options = pool.connect_options();
     let attempt = sqlx::ConnectOptions::connect(&*options);
-    match tokio::time::timeout(pool.options().get_acquire_timeout(), attempt).await {
+    let limit = pool.options().get_acquire_timeout().min(WHY_ATTEMPT);
+    match tokio::time::timeout(limit, attempt).await {
         Ok(Err(cause)) => {
             anyhow::Error::from(cause).context("no database connection could be opened")
         }
