@@ -430,9 +430,8 @@ async fn why_none_opened(pool: &AnyPool, e: anyhow::Error) -> anyhow::Error {
     let attempt = sqlx::ConnectOptions::connect(&*options);
     let limit = pool.options().get_acquire_timeout().min(WHY_ATTEMPT);
     match tokio::time::timeout(limit, attempt).await {
-        Ok(Err(cause)) => {
-            anyhow::Error::from(cause).context("no database connection could be opened")
-        }
+        // The cause itself: callers print errors with `{e}`, which would drop a context's cause.
+        Ok(Err(cause)) => anyhow::Error::from(cause),
         Ok(Ok(_)) | Err(_) => e,
     }
 }
