@@ -163,6 +163,42 @@ async fn sqlite_synchronous_comes_from_the_url() {
     );
 }
 
+/// PostgreSQL: settings in the URL's `options` apply to every session of the pool, next to
+/// the relay's own (README, "Guarantees": `synchronous_commit` is set this way).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sessions_take_settings_from_the_url() {
+    let Some(td) = TestDb::open(Db::Postgres, "pool_options").await else {
+        return;
+    };
+    let sep = if td.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{sep}options=-c%20synchronous_commit%3Doff", td.url);
+    let store = bounded(
+        "connect_opening",
+        SqlStore::connect_opening(&url, &td.table, 4, Duration::from_secs(5), 2),
+    )
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        held.push(store.pool().acquire().await.expect("a connection"));
+    }
+    for conn in &mut held {
+        let row: (String, String) =
+            sqlx::query_as("SELECT current_setting('synchronous_commit'), current_setting('jit')")
+                .fetch_one(&mut **conn)
+                .await
+                .expect("current_setting");
+        assert_eq!(row, ("off".to_string(), "off".to_string()));
+    }
+    drop(held);
+    // Without it, the server's default.
+    let default: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+        .fetch_one(td.store.pool())
+        .await
+        .expect("current_setting");
+    assert_eq!(default, "on");
+    td.drop_table().await;
+}
+
 /// PostgreSQL: every connection of the store runs with JIT off (the relay's short statements
 /// must never be compiled with LLVM, see `store/sql.rs`), whatever the server's default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
