@@ -89,6 +89,90 @@ async fn connect_opening_opens_every_connection_up_front(db: Db) {
 }
 per_db!(connect_opening_opens_every_connection_up_front);
 
+/// The store's TCP connections have `TCP_NODELAY` (the vendored sqlx-core's one change; see
+/// vendor/README.md): without it each TLS handshake to PostgreSQL waits twice for the
+/// server's delayed ACK. Fails if a sqlx update drops the patch without the upstream fix.
+async fn database_sockets_have_tcp_nodelay(db: Db) {
+    let Some(td) = TestDb::open(db, "pool_nodelay").await else {
+        return;
+    };
+    let parsed = reqwest::Url::parse(&td.url).expect("database URL");
+    let port = parsed
+        .port()
+        .unwrap_or(if db == Db::Postgres { 5432 } else { 3306 });
+    let store = bounded(
+        "connect_opening",
+        SqlStore::connect_opening(&td.url, &td.table, 4, Duration::from_secs(5), 2),
+    )
+    .await;
+    // Hold both, so that they are open while the process's sockets are looked at.
+    let held = [
+        store.pool().acquire().await.expect("a connection"),
+        store.pool().acquire().await.expect("a connection"),
+    ];
+    let sockets = tcp_sockets_to(port);
+    assert!(
+        sockets.len() >= 2,
+        "{}: {} sockets to port {port}",
+        db.name(),
+        sockets.len()
+    );
+    // Every connection to the database in this process is sqlx's (other tests' too).
+    for (fd, nodelay) in sockets {
+        assert!(
+            nodelay,
+            "{}: socket {fd} to port {port} lacks TCP_NODELAY",
+            db.name()
+        );
+    }
+    drop(held);
+    td.drop_table().await;
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sockets_have_tcp_nodelay() {
+    database_sockets_have_tcp_nodelay(Db::Postgres).await
+}
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sockets_have_tcp_nodelay() {
+    database_sockets_have_tcp_nodelay(Db::MySql).await
+}
+
+/// This process's TCP sockets connected to `port` on the loopback, with their `TCP_NODELAY`.
+fn tcp_sockets_to(port: u16) -> Vec<(i32, bool)> {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").expect("/proc/self/fd") {
+        let Ok(entry) = entry else { continue };
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is only borrowed: it is handed back with `into_raw_fd`, never
+        // closed here. If another thread closes it meanwhile, the calls below fail and the
+        // descriptor is skipped.
+        let stream = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+        let seen = match (stream.peer_addr(), stream.nodelay()) {
+            (Ok(peer), Ok(nodelay)) if peer.port() == port && peer.ip().is_loopback() => {
+                Some(nodelay)
+            }
+            _ => None,
+        };
+        let _ = stream.into_raw_fd();
+        if let Some(nodelay) = seen {
+            out.push((fd, nodelay));
+        }
+    }
+    out
+}
+
 /// PostgreSQL: a role allowed two connections. The warm-up asks for four, opens two, and the
 /// store works; before the fallback, the relay refused to start on such a server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
