@@ -39,14 +39,16 @@
 //! arrival at the receiver (NOTIFY wakes the relay on PostgreSQL; elsewhere the newest-id
 //! check does). The **memory** section runs the release binary as its own process with the
 //! defaults and reads its resident memory idle and at its peak while draining a backlog. The
-//! run ends with one markdown table of every figure.
+//! **idle** section runs it with the defaults on an empty table and reads how many statements
+//! the database server executed for it per second (PostgreSQL and MariaDB). The run ends with
+//! one markdown table of every figure.
 //!
 //! Run: `cargo bench --bench throughput`. Environment knobs:
 //! - `OUTBOX_RELAY_BENCH_ROWS` rows for the main relay run (default 20000 on PostgreSQL,
 //!   half that on the others; variations and the naive loop use fewer, stated in the output);
 //! - `OUTBOX_RELAY_BENCH_DBS` comma-separated subset of `postgres,mysql,sqlite`;
-//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of `leader,claim,latency,memory` (default
-//!   all);
+//! - `OUTBOX_RELAY_BENCH_SECTIONS` comma-separated subset of
+//!   `leader,claim,latency,memory,idle` (default all);
 //! - `OUTBOX_RELAY_BENCH_VARIATIONS` `batch/in_flight/concurrency[/noanalyze],...` replaces the
 //!   leader section's variations (for exploring settings);
 //! - `OUTBOX_RELAY_BENCH_CLAIM_ROWS` rows per claim-section run (default 10000);
@@ -67,6 +69,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod claim;
 mod cpu;
 mod db;
+mod idle;
 mod latency;
 mod leader;
 mod memory;
@@ -95,6 +98,7 @@ use tokio_util::sync::CancellationToken;
 use claim::*;
 use cpu::*;
 use db::*;
+use idle::*;
 use latency::*;
 use leader::*;
 use memory::*;
@@ -257,7 +261,7 @@ async fn bench() -> bool {
         .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
         .collect();
     let wanted_sections = std::env::var("OUTBOX_RELAY_BENCH_SECTIONS")
-        .unwrap_or_else(|_| "leader,claim,latency,memory".into());
+        .unwrap_or_else(|_| "leader,claim,latency,memory,idle".into());
     let section_on = |name: &str| wanted_sections.split(',').any(|w| w.trim() == name);
     let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
         .ok()
@@ -397,6 +401,25 @@ async fn bench() -> bool {
             }
         }
     }
+    let mut idles: Vec<(Db, f64)> = Vec::new();
+    if section_on("idle") {
+        for &db in &dbs {
+            let Ok(dir) = tempfile::tempdir() else {
+                continue;
+            };
+            match idle_run(db, &db.url(dir.path()), &receiver).await {
+                Ok(Some(per_sec)) => {
+                    println!(
+                        "  {:<8} idle      the relay binary, defaults (database lease), nothing to do: {per_sec:.1} statements/s as the server counts them",
+                        db.name()
+                    );
+                    idles.push((db, per_sec));
+                }
+                Ok(None) => {}
+                Err(e) => println!("  {:<8} idle      ERROR: {e:#}", db.name()),
+            }
+        }
+    }
     drop(receiver);
 
     println!();
@@ -494,6 +517,7 @@ async fn bench() -> bool {
         &latencies,
         &memory,
         &starts,
+        &idles,
         cores,
     );
     if sections

@@ -140,7 +140,7 @@ async fn start_run_on(
 }
 
 /// Starts the release binary with `config`, on `table` at `url`, logging warnings only.
-fn spawn_relay(
+pub(crate) fn spawn_relay(
     config: &std::path::Path,
     dir: &std::path::Path,
     url: &str,

@@ -23,17 +23,18 @@ pub(crate) fn print_markdown(
     latencies: &[(Db, Vec<Latency>)],
     memory: &[(Db, Rss)],
     starts: &[(Db, Start)],
+    idles: &[(Db, f64)],
     cores: usize,
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn)"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) |"
+        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in sections {
         if s.skipped.is_some() {
             continue;
@@ -61,7 +62,7 @@ pub(crate) fn print_markdown(
             None => format!("{rows_per_sec:.0}"),
         };
         println!(
-            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {} | {} | {} | {} |",
             s.db.name(),
             s.ceiling.map_or("-".into(), |c| format!("{c:.0}")),
             lat(100),
@@ -86,6 +87,10 @@ pub(crate) fn print_markdown(
                     r.idle_kib as f64 / 1024.0,
                     r.peak_kib as f64 / 1024.0
                 )),
+            idles
+                .iter()
+                .find(|(db, _)| *db == s.db)
+                .map_or("-".into(), |(_, n)| format!("{n:.1}")),
         );
     }
     if !claims.is_empty() {

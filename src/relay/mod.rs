@@ -99,6 +99,10 @@ impl Relay {
         let mut gathered = false;
         // Since when a claim that would only top up the sinks' queues has been waiting.
         let mut topping_up: Option<Instant> = None;
+        // The last claim found nothing and nothing but the poll timer woke the loop since: the next
+        // claim reads first whether anything is claimable (what an idle relay costs the
+        // database: one plain read per poll; docs/design.md, "Idle cost").
+        let mut probe_next = false;
         // How long claims take: with each sink's send time it sizes the rows claimed ahead.
         let claim_time = MovingAverage::default();
         tracing::info!(
@@ -223,6 +227,7 @@ impl Relay {
                 max_payload_bytes: Some(self.sinks.max_payload_bytes() as u64),
                 newest,
                 budgets: Some(budgets.clone()),
+                probe_first: std::mem::take(&mut probe_next),
             };
             let claimed_at = Instant::now();
             // Raced against shutdown: a claim stuck on a locked table must not hold the
@@ -287,6 +292,7 @@ impl Relay {
                 full |= got >= *budget as usize;
             }
             let deadline = claimed_at + s.claim_ttl - drift(s.claim_ttl);
+            let found_nothing = rows.is_empty();
 
             // 4. One delivery task per row; each holds one in-flight slot.
             for row in rows {
@@ -322,12 +328,16 @@ impl Relay {
             if full {
                 continue;
             }
-            tokio::select! {
-                _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(s.poll_interval) => {}
-                _ = self.shutdown.cancelled() => {}
-                _ = lease_changed(&mut lease_rx) => {}
-            }
+            // Only a wake-up says rows may have arrived (NOTIFY, the newest-id check, a result
+            // that unblocked an ordering key, a freed slot of a hungry sink); the poll timer
+            // and the lease's renewals say nothing about the table.
+            let woken = tokio::select! {
+                _ = self.wake.notified() => true,
+                _ = tokio::time::sleep(s.poll_interval) => false,
+                _ = self.shutdown.cancelled() => false,
+                _ = lease_changed(&mut lease_rx) => false,
+            };
+            probe_next = found_nothing && !woken;
         }
 
         // Shutdown: nothing more is claimed; rows not yet sent are given back by their tasks.

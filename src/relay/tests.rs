@@ -41,6 +41,8 @@ struct ClaimLog {
     got: usize,
     /// The epoch it was fenced on.
     epoch: Option<i64>,
+    /// Whether it asked to read first whether anything is claimable.
+    probe_first: bool,
 }
 
 /// The outbox as a map, with the claim and result semantics of the SQL store (due rows in id
@@ -163,6 +165,7 @@ impl Queue for MemQueue {
                 outstanding,
                 got: claimed.len(),
                 epoch: req.fence.as_ref().map(|f| f.epoch),
+                probe_first: req.probe_first,
             });
             Ok(claimed)
         })
@@ -532,4 +535,43 @@ async fn shutdown_gives_up_on_sends_that_outlast_its_budget() {
     // Sends get 75% of shutdown_timeout and results 10%: run() is back within 85% of it.
     assert!(stopped_at.elapsed() <= Duration::from_millis(6800));
     assert_eq!(queue.count("SUCCESS"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
+    let queue = MemQueue::with_rows(&[]);
+    let a = TimedSink::new(Duration::from_millis(5));
+    let (relay, stop) = relay(
+        queue.clone(),
+        vec![("a", a.clone(), 8)],
+        settings(64, 32),
+        None,
+    );
+    let wake = relay.wake.clone();
+    let task = tokio::spawn(relay.run());
+    // Claims at 0, 500, 1000 and 1500 ms find nothing; only the poll timer woke the loop.
+    tokio::time::sleep(Duration::from_millis(1_700)).await;
+    queue.rows.lock().expect("rows").insert(
+        1,
+        MemRow {
+            channel: "a".into(),
+            status: "PENDING",
+            attempts: 0,
+            due: Instant::now(),
+            token: None,
+        },
+    );
+    // A wake-up (NOTIFY, the newest-id check) means rows arrived: claimed without a probe.
+    wake.notify_one();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.cancel();
+    task.await.expect("relay task");
+    assert_eq!(a.sent().len(), 1);
+    let claims = queue.claims();
+    let probes: Vec<(bool, usize)> = claims.iter().map(|c| (c.probe_first, c.got)).collect();
+    assert_eq!(
+        probes,
+        [(false, 0), (true, 0), (true, 0), (true, 0), (false, 1)],
+        "the first claim and the one after a wake-up claim at once; polls after an empty claim read first"
+    );
 }

@@ -426,6 +426,30 @@ impl SqlStore {
             .collect()
     }
 
+    /// Whether any row is claimable now for `req`'s picks: one plain read of the picks (no
+    /// lock, no fence, no write, no transaction), stopping at the first row. An idle relay's
+    /// poll asks this first (`ClaimRequest::probe_first`): on MySQL/MariaDB a claim that finds
+    /// nothing is still four statements (`BEGIN`, the fence, the locking picks, `COMMIT`),
+    /// and on PostgreSQL its shared lock on the lease row takes a transaction id and writes
+    /// WAL. See docs/design.md, "Idle cost".
+    pub(super) async fn anything_claimable(
+        &self,
+        req: &ClaimRequest,
+        floors: &Floors,
+    ) -> anyhow::Result<bool> {
+        let id = &self.cols.id;
+        let mut q = Sql::default();
+        let picks = self.picks(req, floors, &format!("o.{id}"), "", &PickFence::None);
+        for (i, p) in picks.into_iter().enumerate() {
+            if i > 0 {
+                q.push(" UNION ALL ");
+            }
+            q.push("SELECT 1 FROM (").append(p).push(&format!(") p{i}"));
+        }
+        q.push(" LIMIT 1");
+        Ok(q.query(self).fetch_optional(&self.pool).await?.is_some())
+    }
+
     /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING` (MySQL:
     /// [`super::mysql::claim`]).
     pub(super) async fn claim_returning(

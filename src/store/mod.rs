@@ -104,6 +104,11 @@ pub struct ClaimRequest {
     /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
     /// ignored), so that the claim asks only for what each sink can start now.
     pub budgets: Option<Budgets>,
+    /// Read first whether anything is claimable, and claim only if so (one plain read when
+    /// nothing is). The relay asks for it on a poll after a claim that found nothing, when
+    /// nothing woke it: what an idle relay costs the database (docs/design.md, "Idle cost").
+    /// Under load claims find rows, and the read would only add a statement.
+    pub probe_first: bool,
 }
 
 /// How many rows of each channel a claim may take.

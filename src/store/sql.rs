@@ -447,6 +447,12 @@ impl Queue for SqlStore {
                 return Ok(Vec::new());
             }
             let floors = self.cursors.plan();
+            // An idle poll reads first, and claims only if there is something to claim. (A
+            // row that becomes claimable just after the read waits for the next poll or
+            // wake-up, as it would had the claim itself run a moment earlier.)
+            if req.probe_first && !self.anything_claimable(req, &floors).await? {
+                return Ok(Vec::new());
+            }
             let rows = {
                 let _writing = self.writing().await;
                 match self.dialect {

@@ -27,6 +27,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
+        probe_first: false,
         newest: false,
     }
 }
@@ -299,6 +300,121 @@ async fn expired_claim_is_taken_over_and_old_token_writes_nothing(db: Db) {
         0
     );
     assert_eq!(attempts(&td, id).await, 1);
+    td.drop_table().await;
+}
+
+per_db!(an_idle_poll_reads_before_it_claims);
+/// `probe_first` (an idle relay's poll): one plain read when nothing is claimable, whatever
+/// the table holds that is not (a retry not yet due, a live claim, a finished row); the same
+/// claim as without it when something is, fenced as ever.
+async fn an_idle_poll_reads_before_it_claims(db: Db) {
+    let Some(td) = TestDb::open(db, "st_probe").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let lease = td.table.clone();
+    let epoch = bounded(
+        "lease_acquire",
+        store.lease_acquire(&lease, "a", Duration::from_secs(30)),
+    )
+    .await
+    .expect("free lease is acquired");
+    // As the relay asks: per-channel budgets with a newest share, and the other channels.
+    let poll = |epoch: i64| ClaimRequest {
+        budgets: Some(Budgets {
+            channels: vec![("hook".into(), 8), ("log".into(), 8)],
+            others: Some((vec!["hook".into(), "log".into()], 2)),
+        }),
+        newest: true,
+        probe_first: true,
+        ..request(
+            18,
+            LONG,
+            "a",
+            Some(Fence {
+                lease: lease.clone(),
+                epoch,
+            }),
+        )
+    };
+    let statements_of = async |req: &ClaimRequest| {
+        let before = store.statements();
+        let rows = bounded("claim", store.claim(req)).await;
+        (store.statements() - before, rows)
+    };
+
+    // On PostgreSQL a claim's fence takes a shared lock on the lease row (its xmax becomes
+    // the claim's transaction id); the read takes none.
+    let lease_xmax = async || {
+        td.scalar(&format!(
+            "SELECT xmax::text::bigint FROM outbox_relay_lease WHERE name = '{lease}'"
+        ))
+        .await
+    };
+    let xmax = if db == Db::Postgres {
+        Some(lease_xmax().await)
+    } else {
+        None
+    };
+    let (n, rows) = statements_of(&poll(epoch)).await;
+    assert!(rows.is_empty());
+    assert_eq!(n, 1, "an empty table costs one read");
+
+    // Rows that are not claimable: finished, retrying later, under another live claim.
+    let done = td.enqueue("log", "{}", None).await;
+    let later = td.enqueue("hook", "{}", None).await;
+    let held = td.enqueue("other", "{}", None).await;
+    let (req, rows) = claim(&*store, 3, LONG, "b", None).await;
+    assert_eq!(ids(&rows), [done, later, held]);
+    let results = [
+        completion(&req, done, Resolution::Delivered),
+        completion(
+            &req,
+            later,
+            Resolution::Retry {
+                delay: Duration::from_secs(3600),
+                error: "later".into(),
+            },
+        ),
+    ];
+    assert_eq!(complete(&*store, &results).await, 2);
+    let (n, rows) = statements_of(&poll(epoch)).await;
+    assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
+    assert_eq!(n, 1, "nothing claimable costs one read");
+    if let Some(xmax) = xmax {
+        assert_eq!(
+            lease_xmax().await,
+            xmax,
+            "an idle poll locked the lease row"
+        );
+    }
+    assert!(row_is(&td, later, "claim_token IS NULL").await);
+
+    // Something claimable in each pick: the claim goes on as without the read.
+    let due = td.enqueue("hook", "{}", None).await;
+    let stray = td.enqueue("unknown", "{}", None).await;
+    let req = poll(epoch);
+    let (n, rows) = statements_of(&req).await;
+    assert_eq!(ids(&rows), [due, stray]);
+    assert!(n >= 2, "the read, then the claim");
+    if let Some(xmax) = xmax {
+        let polled = lease_xmax().await;
+        assert_ne!(polled, xmax, "the claim's fence locked the lease row");
+    }
+    let token = req.token.to_string();
+    assert!(row_is(&td, due, &format!("claim_token = '{token}'")).await);
+
+    // The read is not fenced, the claim is: a stale epoch still claims nothing.
+    let fresh = td.enqueue("log", "{}", None).await;
+    let next = bounded("advance_epoch", store.advance_epoch(&lease, "c")).await;
+    assert_eq!(next, epoch + 1);
+    let (_, rows) = statements_of(&poll(epoch)).await;
+    assert!(
+        rows.is_empty(),
+        "G2: a stale epoch claimed {:?}",
+        ids(&rows)
+    );
+    assert!(row_is(&td, fresh, "claim_token IS NULL").await);
     td.drop_table().await;
 }
 

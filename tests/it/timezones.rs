@@ -46,6 +46,7 @@ fn claim_all() -> ClaimRequest {
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
+        probe_first: false,
         newest: false,
     }
 }
