@@ -247,13 +247,24 @@ impl SqlStore {
         )
     }
 
-    /// Counts for the table gauges.
-    pub async fn sample(&self) -> anyhow::Result<Sample> {
+    /// Counts for the table gauges. Without `count_success`, only the PENDING, RETRY and
+    /// FAILED rows are counted, through the status index: the cost follows how many rows
+    /// wait or failed, not how many were delivered, which on a table without retention is
+    /// nearly all of it (the caller counts SUCCESS rarely, `housekeeping::SUCCESS_COUNT_EVERY`).
+    pub async fn sample(&self, count_success: bool) -> anyhow::Result<Sample> {
         let t = &self.table;
         let c = &self.cols;
+        let filter = if count_success {
+            String::new()
+        } else {
+            format!(
+                " WHERE {}",
+                c.any_of("", &[State::Pending, State::Retry, State::Failed])
+            )
+        };
         let by_status = self
             .sql(&format!(
-                "SELECT {}, COUNT(*) FROM {t} GROUP BY 1",
+                "SELECT {}, COUNT(*) FROM {t}{filter} GROUP BY 1",
                 c.status_name("", self.dialect)
             ))
             .fetch_all(&self.pool)

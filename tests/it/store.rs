@@ -418,6 +418,56 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     td.drop_table().await;
 }
 
+per_db!(the_gauge_sample_counts_delivered_rows_only_when_asked);
+/// The table gauges' sample: every status with `count_success`; otherwise the waiting and
+/// FAILED rows only (the SUCCESS rows, nearly the whole table, are counted rarely).
+async fn the_gauge_sample_counts_delivered_rows_only_when_asked(db: Db) {
+    let Some(td) = TestDb::open(db, "st_sample").await else {
+        return;
+    };
+    let store = td.store.clone();
+    for _ in 0..6 {
+        td.enqueue("log", "{}", None).await;
+    }
+    let (req, rows) = claim(&*store, 5, LONG, "a", None).await;
+    let id = ids(&rows);
+    let later = Duration::from_secs(3600);
+    let results = [
+        completion(&req, id[0], Resolution::Delivered),
+        completion(&req, id[1], Resolution::Delivered),
+        completion(&req, id[2], Resolution::Delivered),
+        completion(
+            &req,
+            id[3],
+            Resolution::Retry {
+                delay: later,
+                error: "later".into(),
+            },
+        ),
+        completion(&req, id[4], Resolution::Failed { error: "no".into() }),
+    ];
+    assert_eq!(complete(&*store, &results).await, 5);
+    let counts = async |count_success: bool| {
+        let mut by = bounded("sample", store.sample(count_success))
+            .await
+            .by_status;
+        by.sort();
+        by
+    };
+    let all = counts(true).await;
+    assert_eq!(
+        all,
+        [
+            ("FAILED".to_string(), 1),
+            ("PENDING".to_string(), 1),
+            ("RETRY".to_string(), 1),
+            ("SUCCESS".to_string(), 3)
+        ]
+    );
+    assert_eq!(counts(false).await, all[..3]);
+    td.drop_table().await;
+}
+
 per_db!(fencing_refuses_a_stale_epoch);
 async fn fencing_refuses_a_stale_epoch(db: Db) {
     let Some(td) = TestDb::open(db, "st_fence").await else {
@@ -1457,7 +1507,13 @@ async fn blocked_keys_gauge_counts_keys_waiting_behind_an_unfinished_row(db: Db)
     let j2 = td.enqueue("hook", "{}", Some("j")).await;
     td.enqueue("hook", "{}", Some("alone")).await;
     td.enqueue("hook", "{}", None).await;
-    let blocked = || async { store.sample().await.expect("sample").ordering_blocked_keys };
+    let blocked = || async {
+        store
+            .sample(false)
+            .await
+            .expect("sample")
+            .ordering_blocked_keys
+    };
     assert_eq!(blocked().await, 2, "k and j wait behind their heads");
     td.exec(&format!(
         "UPDATE {} SET status = 'SUCCESS' WHERE id = {k1}",
