@@ -99,9 +99,9 @@ impl Relay {
         let mut gathered = false;
         // Since when a claim that would only top up the sinks' queues has been waiting.
         let mut topping_up: Option<Instant> = None;
-        // The last claim found nothing and nothing but the poll timer woke the loop since: the next
-        // claim reads first whether anything is claimable (what an idle relay costs the
-        // database: one plain read per poll; docs/design.md, "Idle cost").
+        // The last claim found nothing, and nothing but the poll timer (or the lease) woke the
+        // loop since: the next claim reads first whether anything is claimable (what an idle
+        // relay costs the database: one plain read per poll; docs/design.md, "Idle cost").
         let mut probe_next = false;
         // How long claims take: with each sink's send time it sizes the rows claimed ahead.
         let claim_time = MovingAverage::default();

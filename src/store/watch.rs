@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use super::sql::SqlStore;
 
 /// How often the newest id is read: a new row waits at most this long before the claim
-/// that takes it starts (32 ms on average). At 50 ms the checks alone were 20 a second, and
-/// an idle relay's total on MariaDB 22 with its polls and lease renewals.
+/// that takes it starts (32 ms on average). At 50 ms the checks alone were 20 a second, all
+/// an idle relay may cost the database (docs/design.md, "Idle cost").
 pub const NEW_ROWS_CHECK: Duration = Duration::from_millis(64);
 
 impl SqlStore {
