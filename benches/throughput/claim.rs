@@ -35,7 +35,7 @@ pub(crate) struct ClaimRun {
     /// Times an instance's readiness was seen going false (a failed claim: the loop then
     /// backs off for at least 500ms), sampled every few milliseconds.
     pub(crate) claim_failures: u64,
-    pub(crate) cpu: Option<(f64, f64)>,
+    pub(crate) cpu: Option<CpuShares>,
 }
 
 impl ClaimRun {

@@ -40,7 +40,7 @@ pub(crate) struct RelayRun {
     pub(crate) statements: u64,
     pub(crate) xacts: Option<i64>,
     pub(crate) received: u64,
-    pub(crate) cpu: Option<(f64, f64)>,
+    pub(crate) cpu: Option<CpuShares>,
     /// Rows/s over the first and the second half of the rows.
     pub(crate) halves: Option<(f64, f64)>,
 }

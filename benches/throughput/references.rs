@@ -49,7 +49,7 @@ pub(crate) struct NaiveRun {
     pub(crate) rows_per_sec: f64,
     pub(crate) statements: u64,
     pub(crate) xacts: Option<i64>,
-    pub(crate) cpu: Option<(f64, f64)>,
+    pub(crate) cpu: Option<CpuShares>,
 }
 
 /// One loop: SELECT one due row, POST it, UPDATE it to SUCCESS; until `n` rows or the limit.
@@ -146,7 +146,7 @@ pub(crate) async fn ceiling_run(
     receiver: &Receiver,
     n: usize,
     concurrency: u32,
-) -> anyhow::Result<(f64, Option<(f64, f64)>)> {
+) -> anyhow::Result<(f64, Option<CpuShares>)> {
     let client = sink_like_client()?;
     let next = Arc::new(AtomicU64::new(0));
     let cpu_before = CpuSnap::take();

@@ -3,13 +3,19 @@
 
 use super::*;
 
-/// CPU microseconds per row, (this process: relay and receiver; the rest: the database
-/// server and anything else), from a run's CPU shares and rate.
-fn cpu_per_row(cpu: Option<(f64, f64)>, rows_per_sec: f64, cores: usize) -> String {
+/// CPU microseconds per row: this process (relay, and receiver when in process) / the
+/// database server / the rest (the Node receiver when used, other work), from a run's CPU
+/// shares and rate.
+fn cpu_per_row(cpu: Option<CpuShares>, rows_per_sec: f64, cores: usize) -> String {
     match cpu {
-        Some((busy, own)) if rows_per_sec > 0.0 => {
+        Some(c) if rows_per_sec > 0.0 => {
             let us = |share: f64| share * cores as f64 * 1e6 / rows_per_sec;
-            format!("{:.0} / {:.0}", us(own), us((busy - own).max(0.0)))
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                us(c.own),
+                us(c.server),
+                us(c.rest())
+            )
         }
         _ => "-".into(),
     }
@@ -28,11 +34,11 @@ pub(crate) fn print_markdown(
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay + receiver) / of the rest (database server, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: relay+receiver / database+rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
+        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in sections {
