@@ -375,11 +375,13 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             main_rows,
         ),
     ];
-    // PostgreSQL diagnostics on the main configuration: the claim held to the plan it was
-    // written for (the partial index in id order; see the report), and commits that do not
-    // wait for the WAL flush.
+    // PostgreSQL diagnostics on the main configuration: statements planned at every
+    // execution (the server's own choice, which the relay overrides; docs/design.md, "Generic
+    // plans"), the claim held to the plan it was written for (the partial index in id order;
+    // see the report), and commits that do not wait for the WAL flush.
     let plan = "-c enable_sort=off -c enable_bitmapscan=off";
     let diagnostics = [
+        ("custom_plans", "-c plan_cache_mode=force_custom_plan"),
         ("plan=due_idx", plan),
         (
             "plan=due_idx sync_commit=off",

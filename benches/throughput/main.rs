@@ -18,7 +18,9 @@
 //! Variations show where the throughput comes from: `max_in_flight` and `batch_size`, the sink's
 //! default `concurrency` (32), and the planner's statistics (`no-ANALYZE`: the table as a bulk
 //! insert leaves it). PostgreSQL diagnostics pass settings to the relay's sessions through the
-//! URL's `options` (never recommended settings, only to show what a cost is): `plan=due_idx`
+//! URL's `options` (never recommended settings, only to show what a cost is): `custom_plans`
+//! (`plan_cache_mode=force_custom_plan`: every execution planned again, as PostgreSQL chose
+//! for the claim before the relay asked for generic plans), `plan=due_idx`
 //! (`enable_sort` and `enable_bitmapscan` off, which leaves the claim the partial index in id
 //! order) and `sync_commit=off` (commits do not wait for the WAL flush).
 //!

@@ -200,6 +200,19 @@ impl SqlStore {
                     // a 100,000-row drain, and 15% fewer rows/s). PostgreSQL before 11 has no
                     // JIT and refuses the setting, which is harmless.
                     let _ = conn.execute("SET jit = off").await;
+                    // Prepared statements run their generic plan, planned once per connection
+                    // (docs/design.md, "Generic plans"): left to choose, PostgreSQL planned
+                    // the claim again at every execution, a quarter of its time on the
+                    // server. Only when the session is at the default (`auto`): a
+                    // `plan_cache_mode` set in the URL's `options`, or for the role or the
+                    // database, is kept. PostgreSQL before 12 has no such setting and refuses
+                    // the statement, which is harmless.
+                    let _ = conn
+                        .execute(
+                            "SELECT set_config('plan_cache_mode', 'force_generic_plan', false) \
+                             WHERE current_setting('plan_cache_mode') = 'auto'",
+                        )
+                        .await;
                     Ok(())
                 })
             }),

@@ -1223,6 +1223,102 @@ async fn mysql_claims_never_walk_finished_rows() {
     td.drop_table().await;
 }
 
+/// PostgreSQL: the relay's sessions run generic plans (docs/design.md, "Generic plans"), so a
+/// claim is planned once per connection, not at every execution; its generic plan finds the
+/// picked rows through indexes, never by scanning the table, even with thousands of finished
+/// rows before the due ones; and a `plan_cache_mode` given in the URL is kept. Read from the
+/// server: the session's own `pg_prepared_statements` (one connection), and the table's scan
+/// counters in `pg_stat_user_tables`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
+    let Some(td) = TestDb::open(Db::Postgres, "st_plan").await else {
+        return;
+    };
+    const FINISHED: usize = 5000;
+    td.insert("hook", (0..FINISHED).map(|_| (None, "{}".to_string())))
+        .await;
+    td.insert(
+        "hook",
+        (0..FINISHED).map(|_| (Some("k".to_string()), "{}".to_string())),
+    )
+    .await;
+    td.exec("UPDATE {t} SET status = 'SUCCESS'").await;
+    td.insert("hook", (0..9).map(|_| (None, "{}".to_string())))
+        .await;
+    td.insert("hook", [(Some("k".to_string()), "{}".to_string())])
+        .await;
+    td.exec("ANALYZE {t}").await;
+    let scans = || {
+        td.scalar(
+            "SELECT COALESCE(seq_scan, 0) * 1000000 + COALESCE(idx_tup_fetch, 0) \
+             FROM pg_stat_user_tables WHERE relname = '{t}'",
+        )
+    };
+    // One connection: the prepared statements read back are the claims' session's.
+    let store = SqlStore::connect(&td.url, &td.table, 1, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(store.pool())
+        .await
+        .expect("show");
+    assert_eq!(mode, "force_generic_plan");
+    // A session sends its table counters to the server when it goes idle, at most once a
+    // second: the setup's own (the UPDATE scanned the table) are in before this is read.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let before = scans().await;
+    let mut claimed = 0;
+    for _ in 0..8 {
+        let mut req = request(2, LONG, "a", None);
+        req.budgets = Some(Budgets {
+            channels: vec![("hook".into(), 2)],
+            others: None,
+        });
+        claimed += bounded("claim", store.claim(&req)).await.len();
+    }
+    assert_eq!(claimed, 10, "the nine due rows and the head of key k");
+    // The claims' counters are sent at the end of the next statement (the one below), a
+    // second or more after the session last sent them.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let plans: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE '%SET claimed_by%'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("prepared statements");
+    assert!(!plans.is_empty(), "no claim statement was prepared");
+    assert!(
+        plans.iter().all(|(_, custom)| *custom == 0),
+        "claims were planned at execution: {plans:?}"
+    );
+    assert!(plans.iter().map(|(generic, _)| generic).sum::<i64>() >= 8);
+    let after = scans().await;
+    let (seq, fetched) = ((after - before) / 1000000, (after - before) % 1000000);
+    assert_eq!(seq, 0, "a claim scanned the whole table");
+    assert!(
+        fetched < 200,
+        "the claims fetched {fetched} rows by index, past {} finished rows",
+        2 * FINISHED
+    );
+
+    // A setting of the URL's own is kept.
+    let sep = if td.url.contains('?') { '&' } else { '?' };
+    let custom = format!(
+        "{}{sep}options=-c%20plan_cache_mode%3Dforce_custom_plan",
+        td.url
+    );
+    let store = SqlStore::connect(&custom, &td.table, 1, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(store.pool())
+        .await
+        .expect("show");
+    assert_eq!(mode, "force_custom_plan");
+    td.drop_table().await;
+}
+
 /// MySQL/MariaDB, schema version 8: a table migrated by an older build (version 7's indexes)
 /// is brought to the slimmer set, in which a delivery changes only `open_idx` and
 /// `status_idx`; and the reads the dropped indexes served still come from an index: the
