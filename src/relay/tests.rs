@@ -575,3 +575,39 @@ async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
         "the first claim and the one after a wake-up claim at once; polls after an empty claim read first"
     );
 }
+
+/// The recorder writes a lone result after waiting briefly for others to share the statement:
+/// 5 ms, or 2 ms once a result of a row with an ordering key is among them (that key's next
+/// row waits for the write). Results arriving while it waits go in the same write.
+#[tokio::test(start_paused = true)]
+async fn a_lone_result_waits_briefly_for_company_and_a_keyed_one_less() {
+    let queue = MemQueue::with_rows(&[("hook", 4)]);
+    let recorder = super::Recorder::start(queue.clone(), Arc::new(Notify::new()), 512);
+    let handle = recorder.handle();
+    let done = |id: i64| Completion {
+        id,
+        token: Arc::from("t"),
+        resolution: Resolution::Delivered,
+    };
+    let written_after = async |from: Instant, n: usize| {
+        while queue.results().len() < n {
+            tokio::time::sleep(Duration::from_micros(100)).await;
+        }
+        queue.results()[n - 1].0 - from
+    };
+
+    let start = Instant::now();
+    handle.record(done(1), false, None);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    handle.record(done(2), false, None);
+    assert_eq!(written_after(start, 2).await, Duration::from_millis(5));
+    let results = queue.results();
+    assert_eq!(results[0].0, results[1].0, "one write for both");
+
+    let start = Instant::now();
+    handle.record(done(3), false, None);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    handle.record(done(4), true, None);
+    assert_eq!(written_after(start, 4).await, Duration::from_millis(2));
+    recorder.close(Duration::from_secs(1)).await;
+}
