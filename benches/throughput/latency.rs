@@ -42,6 +42,14 @@ const WARM_UP_ROWS: usize = 20;
 /// The longest a row may take to arrive before it is counted missing.
 const ARRIVAL_LIMIT: Duration = Duration::from_secs(15);
 
+/// The defaults but for the lease (none) and the sink (the timed receiver path).
+fn timed_config(receiver: &Receiver) -> Config {
+    Config::webhook(&receiver.timed_url())
+        .no_lease()
+        .poll_interval(Duration::from_millis(500))
+        .hook(|s| s.timeout(SINK_TIMEOUT))
+}
+
 /// Inserts `rate` rows per second for `seconds` into a fresh table served by one relay with
 /// the default settings (no lease), and measures each row from commit to arrival.
 pub(crate) async fn latency_run(
@@ -67,11 +75,7 @@ async fn latency_run_on(
 ) -> anyhow::Result<Latency> {
     prepare_table(url, table, 0, false, 0).await?;
     let dir = tempfile::tempdir()?;
-    // The defaults but for the lease (none) and the sink (the timed receiver path).
-    let config = Config::webhook(&receiver.timed_url())
-        .no_lease()
-        .poll_interval(Duration::from_millis(500))
-        .hook(|s| s.timeout(SINK_TIMEOUT));
+    let config = timed_config(receiver);
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let (relay, _store, _) =
@@ -158,4 +162,99 @@ async fn latency_run_on(
         max: waits[waits.len() - 1],
         missing,
     })
+}
+
+/// A row committed under a backlog: how long it took and how many backlog rows went out
+/// between its commit and its own arrival (the issue's "not starved behind it for more than
+/// one claim round"; docs/design.md, "Oldest first, but not only").
+#[derive(Debug, Clone)]
+pub(crate) struct UnderBacklog {
+    /// Each new row's commit-to-arrival time, and the backlog rows that arrived in between.
+    pub(crate) rows: Vec<(Duration, usize)>,
+}
+
+impl UnderBacklog {
+    /// `worst wait ms, most rows ahead`.
+    pub(crate) fn cell(&self) -> String {
+        let worst = self.rows.iter().map(|r| r.0).max().unwrap_or_default();
+        let ahead = self.rows.iter().map(|r| r.1).max().unwrap_or_default();
+        format!("{:.1} ms, {ahead} rows", worst.as_secs_f64() * 1000.0)
+    }
+}
+
+/// New rows committed while the relay drains a backlog.
+const NEW_UNDER_BACKLOG: usize = 5;
+
+/// Starts one relay with the defaults on `backlog` waiting rows; once a quarter of them have
+/// arrived, commits [`NEW_UNDER_BACKLOG`] rows one per transaction, 20 ms apart, and times
+/// each from its commit to its arrival.
+pub(crate) async fn under_backlog_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    backlog: usize,
+) -> anyhow::Result<UnderBacklog> {
+    on_own_table(db, url, "backlog", async |t| {
+        under_backlog_run_on(db, url, t, receiver, backlog).await
+    })
+    .await
+}
+
+async fn under_backlog_run_on(
+    db: Db,
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    backlog: usize,
+) -> anyhow::Result<UnderBacklog> {
+    prepare_table(url, table, backlog, true, 0).await?;
+    let dir = tempfile::tempdir()?;
+    let config = timed_config(receiver);
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let app = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
+    receiver.take_arrivals();
+    let (relay, _store, _) =
+        assemble(db, url, table, "backlog", &config, dir.path(), &shutdown).await?;
+    let task = tokio::spawn(relay.run());
+    let mut arrived: HashMap<i64, Instant> = HashMap::new();
+    let deadline = Instant::now() + ARRIVAL_LIMIT;
+    while arrived.len() < backlog / 4 {
+        if Instant::now() > deadline {
+            bail!("a quarter of the backlog did not arrive within {ARRIVAL_LIMIT:?}");
+        }
+        arrived.extend(receiver.take_arrivals());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let mut committed = Vec::new();
+    for i in 0..NEW_UNDER_BACKLOG {
+        let row = store::NewRow {
+            channel: "hook".into(),
+            payload: payload(i),
+            ..Default::default()
+        };
+        let id = app.enqueue(&row).await?;
+        committed.push((id, Instant::now()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while Instant::now() < deadline && committed.iter().any(|(id, _)| !arrived.contains_key(id)) {
+        arrived.extend(receiver.take_arrivals());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    shutdown.cancel();
+    let _ = task.await;
+    app.pool().close().await;
+    let new: Vec<i64> = committed.iter().map(|(id, _)| *id).collect();
+    let mut rows = Vec::new();
+    for (id, at) in &committed {
+        let Some(got) = arrived.get(id) else {
+            bail!("row {id}, committed under the backlog, did not arrive within {ARRIVAL_LIMIT:?}");
+        };
+        let ahead = arrived
+            .iter()
+            .filter(|(i, a)| !new.contains(i) && **a > *at && **a < *got)
+            .count();
+        rows.push((got.saturating_duration_since(*at), ahead));
+    }
+    Ok(UnderBacklog { rows })
 }

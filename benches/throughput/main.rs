@@ -147,18 +147,19 @@ async fn assemble(
     })
     .await?;
     let wake = Arc::new(Notify::new());
+    let arrivals = store::Arrivals::new(wake.clone());
     // As `run` wires it: NOTIFY on PostgreSQL, the newest-id check elsewhere.
     if db == Db::Postgres && settings.database.listen {
         tokio::spawn(store::listen(
             url.to_string(),
             table.to_string(),
-            wake.clone(),
+            arrivals.clone(),
             shutdown.clone(),
         ));
     } else {
         tokio::spawn(store::watch_new_rows(
             store.clone(),
-            wake.clone(),
+            arrivals.clone(),
             shutdown.clone(),
         ));
     }
@@ -170,6 +171,7 @@ async fn assemble(
         settings: settings.relay.clone(),
         lease: None,
         wake,
+        arrivals,
         health: health.clone(),
         shutdown: shutdown.clone(),
     };
@@ -336,7 +338,7 @@ async fn bench() -> bool {
         }
         claim_secs = claim_started.elapsed().as_secs_f64();
     }
-    let mut latencies: Vec<(Db, Vec<Latency>)> = Vec::new();
+    let mut latencies: Vec<(Db, Vec<Latency>, Option<UnderBacklog>)> = Vec::new();
     if section_on("latency") && !node {
         for &db in &dbs {
             let Ok(dir) = tempfile::tempdir() else {
@@ -360,7 +362,33 @@ async fn bench() -> bool {
                     }
                 }
             }
-            latencies.push((db, runs));
+            // A row committed while the relay drains a backlog as large as the main run's.
+            let backlog = if db == Db::Postgres {
+                base_rows
+            } else {
+                (base_rows / 2).max(1000)
+            };
+            let under = match under_backlog_run(db, &url, &receiver, backlog).await {
+                Ok(u) => {
+                    println!(
+                        "  {:<8} latency   {} rows committed one by one while {backlog} rows drain: worst {} ahead of it; each (ms, backlog rows sent between its commit and its arrival): {}",
+                        db.name(),
+                        u.rows.len(),
+                        u.cell(),
+                        u.rows
+                            .iter()
+                            .map(|(d, n)| format!("{:.1}/{n}", d.as_secs_f64() * 1000.0))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    );
+                    Some(u)
+                }
+                Err(e) => {
+                    println!("  {:<8} latency   under a backlog ERROR: {e:#}", db.name());
+                    None
+                }
+            };
+            latencies.push((db, runs, under));
         }
     }
     let mut memory: Vec<(Db, Rss)> = Vec::new();

@@ -26,7 +26,7 @@ fn cpu_per_row(cpu: Option<CpuShares>, rows_per_sec: f64, cores: usize) -> Strin
 pub(crate) fn print_markdown(
     sections: &[Section],
     claims: &[ClaimSection],
-    latencies: &[(Db, Vec<Latency>)],
+    latencies: &[(Db, Vec<Latency>, Option<UnderBacklog>)],
     memory: &[(Db, Rss)],
     starts: &[(Db, Start)],
     idles: &[(Db, f64)],
@@ -34,13 +34,13 @@ pub(crate) fn print_markdown(
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; under a backlog = rows committed one by one while the main run's backlog drains: the worst commit-to-arrival time and the most backlog rows sent between a row's commit and its arrival; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
+        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | a row committed under a backlog: worst wait, backlog rows sent first | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in sections {
         if s.skipped.is_some() {
             continue;
@@ -48,10 +48,15 @@ pub(crate) fn print_markdown(
         let lat = |rate: u32| {
             latencies
                 .iter()
-                .find(|(db, _)| *db == s.db)
-                .and_then(|(_, runs)| runs.iter().find(|l| l.rate == rate))
+                .find(|(db, ..)| *db == s.db)
+                .and_then(|(_, runs, _)| runs.iter().find(|l| l.rate == rate))
                 .map_or("-".to_string(), |l| l.cell())
         };
+        let under_backlog = latencies
+            .iter()
+            .find(|(db, ..)| *db == s.db)
+            .and_then(|(.., u)| u.as_ref())
+            .map_or("-".to_string(), |u| u.cell());
         let (rate, share, stmts, cpu) = match &s.main {
             Some(r) => (
                 format!("{:.0}", r.rows_per_sec),
@@ -68,7 +73,7 @@ pub(crate) fn print_markdown(
             None => format!("{rows_per_sec:.0}"),
         };
         println!(
-            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {under_backlog} | {} | {} | {} | {} |",
             s.db.name(),
             s.ceiling.map_or("-".into(), |c| format!("{c:.0}")),
             lat(100),

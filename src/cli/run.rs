@@ -72,19 +72,20 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     }
 
     let wake = Arc::new(Notify::new());
+    let arrivals = store::Arrivals::new(wake.clone());
     // A mapped table has the NOTIFY trigger only if `table.notify_trigger` installed it.
     if store.dialect() == Dialect::Postgres && settings.database.listen && store.columns().notify {
         tokio::spawn(store::listen(
             settings.database.url.expose().to_string(),
             settings.database.table.clone(),
-            wake.clone(),
+            arrivals.clone(),
             shutdown.clone(),
         ));
     } else {
         // No NOTIFY: notice new rows by the table's newest id (a cheap probe, 20 per second).
         tokio::spawn(store::watch_new_rows(
             store.clone(),
-            wake.clone(),
+            arrivals.clone(),
             shutdown.clone(),
         ));
     }
@@ -166,6 +167,7 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
             .as_ref()
             .map(|k| (settings.lease.name.clone(), k.state())),
         wake,
+        arrivals,
         health,
         shutdown,
     };

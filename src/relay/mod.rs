@@ -36,7 +36,7 @@ pub use recorder::{Recorder, RecorderHandle};
 use crate::config::{Mode, RelaySettings};
 use crate::lease::{LeaseState, drift};
 use crate::sink::{MovingAverage, SinkRegistry};
-use crate::store::{ClaimRequest, Queue};
+use crate::store::{Arrivals, ClaimRequest, Queue};
 use crate::telemetry::Health;
 
 /// How far ahead a rate-limited sink's budget looks: rows it cannot start within this are
@@ -51,8 +51,11 @@ const TOP_UP_WAIT: Duration = Duration::from_millis(3);
 /// How often such a claim is looked at again while it waits (a freed slot of a hungry sink
 /// wakes the loop sooner).
 const TOP_UP_POLL: Duration = Duration::from_micros(500);
-/// How often a claim also takes some of each channel's newest rows, so that under a backlog a
-/// row just committed waits at most about this long (plus one claim), not behind the backlog.
+/// How often a claim also takes some of each channel's newest rows when no arrival was
+/// signalled: under a backlog, a row committed without a signal (a NOTIFY lost while the
+/// listener reconnects, a MySQL row that committed after a higher id) waits at most about this
+/// long (plus one claim), not behind the backlog. A signalled arrival is taken from the newest
+/// end by the next claim.
 const NEWEST_EVERY: Duration = Duration::from_millis(100);
 /// How often a claim also looks for rows of channels that no sink serves (to fail them):
 /// that look cannot use the channel index, so it is not made on every claim.
@@ -65,9 +68,11 @@ pub struct Relay {
     pub settings: RelaySettings,
     /// The lease's name (fence key) and state, in leader mode with a lease backend.
     pub lease: Option<(String, watch::Receiver<LeaseState>)>,
-    /// Woken by PostgreSQL NOTIFY, and by the recorder when results it wrote may have
-    /// unblocked an ordering key.
+    /// Woken by the recorder when results it wrote may have unblocked an ordering key, by a
+    /// delivery that freed a slot of a hungry sink, and by `arrivals`.
     pub wake: Arc<Notify>,
+    /// Rows arrived (PostgreSQL's NOTIFY, the newest-id check elsewhere); wakes `wake`.
+    pub arrivals: Arc<Arrivals>,
     pub health: Arc<Health>,
     /// Cancelled on SIGTERM/SIGINT.
     pub shutdown: CancellationToken,
@@ -96,6 +101,8 @@ impl Relay {
         let mut db_failures = 0u32;
         let mut last_others = Instant::now() - OTHERS_EVERY;
         let mut last_newest = Instant::now() - NEWEST_EVERY;
+        // The last claim took a channel's whole budget: rows are waiting behind it.
+        let mut backlog = false;
         let mut gathered = false;
         // Since when a claim that would only top up the sinks' queues has been waiting.
         let mut topping_up: Option<Instant> = None;
@@ -211,7 +218,11 @@ impl Relay {
                 }
                 continue;
             }
-            let newest = last_newest.elapsed() >= NEWEST_EVERY;
+            //    Under a backlog, rows that just arrived are taken from each channel's newest end
+            //    by this claim, so they wait one claim round, not behind the backlog; without a
+            //    backlog the oldest-first pick reaches them anyway and nothing extra is read.
+            let arrived = self.arrivals.take();
+            let newest = (arrived && backlog) || last_newest.elapsed() >= NEWEST_EVERY;
             if newest {
                 last_newest = Instant::now();
             }
@@ -293,6 +304,7 @@ impl Relay {
             }
             let deadline = claimed_at + s.claim_ttl - drift(s.claim_ttl);
             let found_nothing = rows.is_empty();
+            backlog = full;
 
             // 4. One delivery task per row; each holds one in-flight slot.
             for row in rows {

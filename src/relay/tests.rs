@@ -16,7 +16,7 @@ use crate::BoxFuture;
 use crate::config::{Mode, RelaySettings, RetrySettings};
 use crate::lease::LeaseState;
 use crate::sink::{Delivery, Outcome, Sink, SinkHandle, SinkRegistry};
-use crate::store::{ClaimRequest, ClaimedRow, Completion, Queue, Resolution};
+use crate::store::{Arrivals, ClaimRequest, ClaimedRow, Completion, Queue, Resolution};
 use crate::telemetry::Health;
 
 /// A row of the in-memory table.
@@ -43,6 +43,8 @@ struct ClaimLog {
     epoch: Option<i64>,
     /// Whether it asked to read first whether anything is claimable.
     probe_first: bool,
+    /// Whether it asked for some of each channel's newest rows too.
+    newest: bool,
 }
 
 /// The outbox as a map, with the claim and result semantics of the SQL store (due rows in id
@@ -166,6 +168,7 @@ impl Queue for MemQueue {
                 got: claimed.len(),
                 epoch: req.fence.as_ref().map(|f| f.epoch),
                 probe_first: req.probe_first,
+                newest: req.newest,
             });
             Ok(claimed)
         })
@@ -269,12 +272,14 @@ fn relay(
         h.timeout = Duration::from_secs(10);
         h
     }));
+    let wake = Arc::new(Notify::new());
     let relay = Relay {
         store: queue,
         sinks: Arc::new(registry),
         settings,
         lease: lease.map(|rx| ("test".to_string(), rx)),
-        wake: Arc::new(Notify::new()),
+        arrivals: Arrivals::new(wake.clone()),
+        wake,
         health: Arc::new(Health::default()),
         shutdown: shutdown.clone(),
     };
@@ -573,6 +578,78 @@ async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
         probes,
         [(false, 0), (true, 0), (true, 0), (true, 0), (false, 1)],
         "the first claim and the one after a wake-up claim at once; polls after an empty claim read first"
+    );
+}
+
+/// Under a backlog, a claim takes each channel's newest rows too when an arrival was signalled
+/// since the last claim (NOTIFY, the newest-id check), so a row just committed waits one claim
+/// round; without a signal only every `NEWEST_EVERY` (100 ms).
+#[tokio::test(start_paused = true)]
+async fn under_a_backlog_the_claim_after_an_arrival_takes_the_newest_rows() {
+    let queue = MemQueue::with_rows(&[("a", 5_000)]);
+    *queue.claim_delay.lock().expect("delay") = Duration::from_millis(1);
+    let a = TimedSink::new(Duration::from_millis(5));
+    let (relay, stop) = relay(
+        queue.clone(),
+        vec![("a", a.clone(), 8)],
+        settings(64, 32),
+        None,
+    );
+    let arrivals = relay.arrivals.clone();
+    let task = tokio::spawn(relay.run());
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_millis(130)).await;
+    let signalled_at = Instant::now();
+    arrivals.signal();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    stop.cancel();
+    task.await.expect("relay task");
+
+    let claims = queue.claims();
+    let at = |c: &ClaimLog| c.at.duration_since(start);
+    assert!(
+        claims.iter().all(|c| c.got > 0),
+        "a backlog: every claim found rows"
+    );
+    // Without a signal: the first claim and one every 100 ms.
+    let timed: Vec<Duration> = claims
+        .iter()
+        .filter(|c| c.newest && c.at < signalled_at)
+        .map(at)
+        .collect();
+    assert_eq!(
+        timed.len(),
+        2,
+        "newest picks before the signal at {timed:?}"
+    );
+    let between = claims
+        .iter()
+        .filter(|c| at(c) > timed[0] + Duration::from_millis(5) && at(c) < timed[1])
+        .count();
+    assert!(
+        between >= 5,
+        "claims without the newest pick between the timed ones: {between}"
+    );
+    // After the signal: the next claim (or the one after, if one was on its way) asks for the
+    // newest rows, well before the timer would.
+    let after: Vec<&ClaimLog> = claims.iter().filter(|c| c.at > signalled_at).collect();
+    let first = after
+        .iter()
+        .position(|c| c.newest)
+        .expect("a claim with the newest pick after the signal");
+    assert!(
+        first <= 1,
+        "the newest pick came {first} claims after the signal"
+    );
+    assert!(
+        after[first].at.duration_since(signalled_at) < Duration::from_millis(20),
+        "and within a claim round"
+    );
+    // One signal, one extra pick: the claims after it go back to oldest first.
+    assert!(
+        after.iter().skip(first + 1).take(4).all(|c| !c.newest),
+        "claims after the signalled one: {:?}",
+        after.iter().map(|c| c.newest).collect::<Vec<_>>()
     );
 }
 

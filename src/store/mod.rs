@@ -57,7 +57,7 @@ pub use get_lock::LockSession;
 pub use postgres::listen;
 pub use shedlock::ShedLockTable;
 pub use sql::{SqlStore, WARM_CONNECTIONS};
-pub use watch::{NEW_ROWS_CHECK, watch_new_rows};
+pub use watch::{Arrivals, NEW_ROWS_CHECK, watch_new_rows};
 
 use crate::BoxFuture;
 use crate::sink::Delivery;

@@ -7,8 +7,9 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+
+use super::watch::Arrivals;
 
 /// The lease table (`outbox_relay_lease`): also created beside a mapped table.
 pub(super) fn lease_table() -> String {
@@ -97,9 +98,9 @@ pub fn notify_channel(table: &str) -> String {
     format!("{table}_new")
 }
 
-/// Listens for the insert trigger and wakes `wake` on each notification, until `stop`.
+/// Listens for the insert trigger and signals `arrivals` on each notification, until `stop`.
 /// Reconnects by itself (with a pause) when the connection drops.
-pub async fn listen(url: String, table: String, wake: Arc<Notify>, stop: CancellationToken) {
+pub async fn listen(url: String, table: String, arrivals: Arc<Arrivals>, stop: CancellationToken) {
     let channel = notify_channel(&table);
     loop {
         let result: Result<(), sqlx::Error> = async {
@@ -107,11 +108,11 @@ pub async fn listen(url: String, table: String, wake: Arc<Notify>, stop: Cancell
             listener.listen(&channel).await?;
             tracing::debug!(%channel, "listening for new outbox rows");
             // Rows may have arrived while we were not listening.
-            wake.notify_one();
+            arrivals.signal();
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return Ok(()),
-                    n = listener.recv() => { n?; wake.notify_one(); }
+                    n = listener.recv() => { n?; arrivals.signal(); }
                 }
             }
         }

@@ -12,6 +12,7 @@
 //! the next claim or poll.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::Row;
@@ -19,6 +20,39 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::sql::SqlStore;
+
+/// What the table's watchers (PostgreSQL's NOTIFY listener, the newest-id check) tell the
+/// relay loop: rows may have arrived. It wakes the loop and marks the arrival, so that under
+/// a backlog the next claim also takes each channel's newest rows and a row just committed is
+/// claimed in the next claim round, not behind the backlog (docs/design.md, "Oldest first, but
+/// not only").
+pub struct Arrivals {
+    /// The relay loop's wake-up, shared with the deliveries and the recorder.
+    wake: Arc<Notify>,
+    /// Rows arrived since the loop last looked.
+    fresh: AtomicBool,
+}
+
+impl Arrivals {
+    /// Arrivals that wake `wake`.
+    pub fn new(wake: Arc<Notify>) -> Arc<Arrivals> {
+        Arc::new(Arrivals {
+            wake,
+            fresh: AtomicBool::new(false),
+        })
+    }
+
+    /// Rows may have arrived: mark it and wake the loop.
+    pub fn signal(&self) {
+        self.fresh.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Whether rows arrived since the last call (and forget it).
+    pub fn take(&self) -> bool {
+        self.fresh.swap(false, Ordering::AcqRel)
+    }
+}
 
 /// How often the newest id is read: a new row waits at most this long before the claim
 /// that takes it starts (32 ms on average). At 50 ms the checks alone were 20 a second, all
@@ -36,9 +70,13 @@ impl SqlStore {
     }
 }
 
-/// Wakes `wake` whenever the newest id grows, until `stop`. Errors are left to the relay loop
-/// (its claims fail and report them); the check just tries again next time.
-pub async fn watch_new_rows(store: Arc<SqlStore>, wake: Arc<Notify>, stop: CancellationToken) {
+/// Signals `arrivals` whenever the newest id grows, until `stop`. Errors are left to the relay
+/// loop (its claims fail and report them); the check just tries again next time.
+pub async fn watch_new_rows(
+    store: Arc<SqlStore>,
+    arrivals: Arc<Arrivals>,
+    stop: CancellationToken,
+) {
     // `None` until the first successful read; then the newest id seen (`None` in it: empty).
     let mut newest: Option<Option<i64>> = None;
     let mut tick = tokio::time::interval(NEW_ROWS_CHECK);
@@ -51,7 +89,7 @@ pub async fn watch_new_rows(store: Arc<SqlStore>, wake: Arc<Notify>, stop: Cance
         if let Ok(now) = store.newest_id().await {
             match newest {
                 Some(seen) if now > seen => {
-                    wake.notify_one();
+                    arrivals.signal();
                     newest = Some(now);
                 }
                 Some(_) => {}
