@@ -210,12 +210,55 @@ pub(crate) async fn relay_run_on(
     })
 }
 
+/// The receiver's ceiling with the sink's default sends at once, printed with `when` (before
+/// or after the run it brackets); a failure is noted in `errors`.
+pub(crate) async fn ceiling_logged(
+    db: Db,
+    receiver: &Receiver,
+    requests: usize,
+    when: &str,
+    errors: &mut Vec<String>,
+) -> Option<f64> {
+    let sends = DEFAULT_SINK_CONCURRENCY;
+    match ceiling_run(receiver, requests, sends).await {
+        Ok((r, cpu)) => {
+            println!(
+                "  {:<8} ceiling   concurrency {sends} POSTs {requests} ({when}): {r:.0} req/s{}",
+                db.name(),
+                fmt_cpu(cpu)
+            );
+            Some(r)
+        }
+        Err(e) => {
+            errors.push(format!("ceiling {when}: {e:#}"));
+            None
+        }
+    }
+}
+
+/// The ceiling a run's share is taken against: the mean of the ceilings measured right
+/// before and right after it. This machine's speed drifts within a minute (neighbours on a
+/// shared host): in one run the ceiling came out at 54.8k requests/s and the drain that
+/// followed took 1.5x the CPU per row, in every process, of the runs around it, which put
+/// its share at 33% where those runs gave 52-59%. Bracketing the run makes such a share
+/// show the drift instead of hiding it in one number.
+pub(crate) fn ceiling_around(ceilings: (Option<f64>, Option<f64>)) -> Option<f64> {
+    match ceilings {
+        (Some(a), Some(b)) => Some((a + b) / 2.0),
+        (a, b) => a.or(b),
+    }
+}
+
 /// One database's figures, for the final table.
 pub(crate) struct Section {
     pub(crate) db: Db,
     pub(crate) main: Option<RelayRun>,
     pub(crate) naive: Option<NaiveRun>,
+    /// The ceiling the shares are taken against: the mean of the ceilings measured right
+    /// before and right after the main run (see [`ceiling_around`]).
     pub(crate) ceiling: Option<f64>,
+    /// The ceilings measured before and after the main run.
+    pub(crate) ceilings: (Option<f64>, Option<f64>),
     pub(crate) variations: Vec<RelayRun>,
     pub(crate) errors: Vec<String>,
     pub(crate) skipped: Option<String>,
@@ -265,6 +308,7 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         main: None,
         naive: None,
         ceiling: None,
+        ceilings: (None, None),
         variations: Vec::new(),
         errors: Vec::new(),
         skipped: None,
@@ -300,17 +344,7 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
     // A warm-up first, discarded: a receiver that compiles as it goes (Node's JIT) answers
     // the first thousands of requests slower, which would flatter the share.
     let _ = ceiling_run(receiver, main_rows / 2, sends).await;
-    match ceiling_run(receiver, main_rows, sends).await {
-        Ok((r, cpu)) => {
-            println!(
-                "  {:<8} ceiling   concurrency {sends} POSTs {main_rows}: {r:.0} req/s{}",
-                db.name(),
-                fmt_cpu(cpu)
-            );
-            s.ceiling = Some(r);
-        }
-        Err(e) => s.errors.push(format!("ceiling: {e:#}")),
-    }
+    s.ceilings.0 = ceiling_logged(db, receiver, main_rows, "before", &mut s.errors).await;
 
     match relay_run(
         db,
@@ -333,6 +367,8 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             s.errors.push(format!("relay: {e:#}"));
         }
     }
+    s.ceilings.1 = ceiling_logged(db, receiver, main_rows, "after", &mut s.errors).await;
+    s.ceiling = ceiling_around(s.ceilings);
 
     let naive_rows = (main_rows / 4).max(500);
     match naive_run(db, &url, receiver, naive_rows).await {

@@ -15,6 +15,9 @@ pub(crate) struct Rss {
     pub(crate) peak_kib: u64,
     /// The binary's rate over the backlog, from its first send until every row is SUCCESS.
     pub(crate) rows_per_sec: f64,
+    /// The receiver's ceiling around the binary's runs (before the memory run and after the
+    /// start run), set by the caller.
+    pub(crate) ceiling: Option<f64>,
 }
 
 /// One start run's figures.
@@ -24,6 +27,8 @@ pub(crate) struct Start {
     pub(crate) first_send: Duration,
     /// The backlog's rows over the time from the spawn until every row is SUCCESS.
     pub(crate) rows_per_sec: f64,
+    /// As [`Rss::ceiling`].
+    pub(crate) ceiling: Option<f64>,
 }
 
 /// A field of `/proc/<pid>/status`, in KiB.
@@ -84,6 +89,7 @@ async fn rss_run_on(
             idle_kib,
             peak_kib,
             rows_per_sec,
+            ceiling: None,
         })
     }
     .await;
@@ -130,6 +136,7 @@ async fn start_run_on(
         anyhow::Ok(Start {
             first_send: first - spawned,
             rows_per_sec: rows as f64 / spawned.elapsed().as_secs_f64(),
+            ceiling: None,
         })
     }
     .await;

@@ -34,11 +34,11 @@ pub(crate) fn print_markdown(
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once; CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; under a backlog = rows committed one by one while the main run's backlog drains: the worst commit-to-arrival time and the most backlog rows sent between a row's commit and its arrival; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with the same sends at once, the mean of the ceilings measured right before and right after the main run (for the relay binary's columns: before its first and after its second run); CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; under a backlog = rows committed one by one while the main run's backlog drains: the worst commit-to-arrival time and the most backlog rows sent between a row's commit and its arrival; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | a row committed under a backlog: worst wait, backlog rows sent first | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
+        "| database | receiver ceiling (req/s): before / after the main run; around the binary's runs | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | a row committed under a backlog: worst wait, backlog rows sent first | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for s in sections {
@@ -68,27 +68,40 @@ pub(crate) fn print_markdown(
             ),
             None => ("-".into(), "-".into(), "-".into(), "-".into()),
         };
-        let of_ceiling = |rows_per_sec: f64| match s.ceiling.filter(|c| *c > 0.0) {
+        let of_ceiling = |rows_per_sec: f64, ceiling: Option<f64>| match ceiling
+            .or(s.ceiling)
+            .filter(|c| *c > 0.0)
+        {
             Some(c) => format!("{rows_per_sec:.0} ({:.0}%)", rows_per_sec / c * 100.0),
             None => format!("{rows_per_sec:.0}"),
         };
+        let fmt_ceiling = |c: Option<f64>| c.map_or("-".to_string(), |c| format!("{c:.0}"));
+        let binary_ceiling = memory
+            .iter()
+            .find(|(db, _)| *db == s.db)
+            .and_then(|(_, r)| r.ceiling);
+        let ceilings = format!(
+            "{} / {}; {}",
+            fmt_ceiling(s.ceilings.0),
+            fmt_ceiling(s.ceilings.1),
+            fmt_ceiling(binary_ceiling)
+        );
         println!(
-            "| {} | {} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {under_backlog} | {} | {} | {} | {} |",
+            "| {} | {ceilings} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {under_backlog} | {} | {} | {} | {} |",
             s.db.name(),
-            s.ceiling.map_or("-".into(), |c| format!("{c:.0}")),
             lat(100),
             lat(1000),
             memory
                 .iter()
                 .find(|(db, _)| *db == s.db)
-                .map_or("-".into(), |(_, r)| of_ceiling(r.rows_per_sec)),
+                .map_or("-".into(), |(_, r)| of_ceiling(r.rows_per_sec, r.ceiling)),
             starts
                 .iter()
                 .find(|(db, _)| *db == s.db)
                 .map_or("-".into(), |(_, r)| format!(
                     "{:.0}, {}",
                     r.first_send.as_secs_f64() * 1000.0,
-                    of_ceiling(r.rows_per_sec)
+                    of_ceiling(r.rows_per_sec, r.ceiling)
                 )),
             memory
                 .iter()
