@@ -15,10 +15,11 @@ pub(crate) fn sink_like_client() -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
-/// One POST shaped like the webhook sink's (same headers, body as stored); true on 2xx.
+/// One POST shaped like the webhook sink's (same headers, body as stored, the URL parsed
+/// once as the sink parses it); true on 2xx.
 pub(crate) async fn post_like_sink(
     client: &reqwest::Client,
-    url: &str,
+    url: &reqwest::Url,
     id: i64,
     payload: String,
 ) -> bool {
@@ -31,7 +32,7 @@ pub(crate) async fn post_like_sink(
         .unwrap_or(0);
     let id = id.to_string();
     let resp = client
-        .post(url)
+        .post(url.clone())
         .header("content-type", "application/json")
         .header("webhook-id", &id)
         .header("webhook-timestamp", timestamp.to_string())
@@ -91,6 +92,7 @@ pub(crate) async fn naive_run_on(
         now = d.now()
     ));
     let client = sink_like_client()?;
+    let target = reqwest::Url::parse(&receiver.url)?;
     let pool = store.pool();
     // Warm the connection so connecting is not timed (the relay's pool is warm too).
     scalar(pool, "SELECT 1".to_string()).await?;
@@ -110,7 +112,7 @@ pub(crate) async fn naive_run_on(
         };
         let id: i64 = row.try_get(0)?;
         let body: String = row.try_get(1)?;
-        if !post_like_sink(&client, &receiver.url, id, body).await {
+        if !post_like_sink(&client, &target, id, body).await {
             bail!("naive loop: POST of row {id} failed");
         }
         statements += 1;
@@ -148,12 +150,13 @@ pub(crate) async fn ceiling_run(
     concurrency: u32,
 ) -> anyhow::Result<(f64, Option<CpuShares>)> {
     let client = sink_like_client()?;
+    let target = reqwest::Url::parse(&receiver.url)?;
     let next = Arc::new(AtomicU64::new(0));
     let cpu_before = CpuSnap::take();
     let started = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
-        let (client, next, url) = (client.clone(), next.clone(), receiver.url.clone());
+        let (client, next, url) = (client.clone(), next.clone(), target.clone());
         workers.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed) as usize;
