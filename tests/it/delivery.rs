@@ -711,11 +711,13 @@ async fn a_new_row_is_not_starved_behind_a_backlog(db: Db) {
     );
     // Ahead of it go the 8 sends in flight, the rows queued for the sink (one round of its
     // concurrency for a sink this slow), the claim already on its way, and without NOTIFY
-    // what is sent while the newest-id check (64 ms, at most about 26 rows here) notices it:
-    // measured 5-14 (and 35-37 with the newest pick only every 100 ms); never the thousands
-    // of the backlog.
+    // what is sent while the newest-id check (64 ms) notices it: measured 5-14 on an idle
+    // machine, 82 (SQLite, 241 ms) with CI's tests running alongside. The bound is what this
+    // receiver takes in one second, against the seven seconds the backlog needs; the precise
+    // rule (the claim after an arrival takes the newest rows) is pinned by
+    // `relay::tests::under_a_backlog_the_claim_after_an_arrival_takes_the_newest_rows`.
     assert!(
-        ahead <= 80,
+        ahead <= 400,
         "{ahead} backlog rows were sent between the new row's commit and its own send"
     );
     assert!(

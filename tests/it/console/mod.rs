@@ -554,9 +554,18 @@ async fn sessions_claims_and_paused_sinks() {
         Duration::from_secs(10),
     )
     .await;
-    let page = alice.get("/").await.body;
+    // The receiver notes the 429 as it answers; the relay pauses the sink once it has read
+    // the answer, a moment later, so the page is read until it shows it.
     if rx.requests_for(id).first().is_some_and(|r| r.status == 429) {
-        assert!(page.contains("paused"), "{page}");
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let page = alice.get("/").await.body;
+            if page.contains("paused") {
+                break;
+            }
+            assert!(std::time::Instant::now() < until, "{page}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
