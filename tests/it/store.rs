@@ -1234,6 +1234,21 @@ async fn mysql_claims_never_walk_finished_rows() {
     td.drop_table().await;
 }
 
+/// A store with one connection, so every statement below runs on the claims' own session.
+async fn one_session(url: &str, table: &str) -> SqlStore {
+    SqlStore::connect(url, table, 1, Duration::from_secs(5))
+        .await
+        .expect("connect")
+}
+
+/// The session's `plan_cache_mode`.
+async fn plan_cache_mode(store: &SqlStore) -> String {
+    sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(store.pool())
+        .await
+        .expect("show")
+}
+
 /// PostgreSQL: the relay's sessions run generic plans (docs/design.md, "Generic plans"), so a
 /// claim is planned once per connection, not at every execution; the generic plans of its
 /// statements find the rows through indexes, never by scanning the table, with thousands of
@@ -1251,14 +1266,8 @@ async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
     td.insert("other", (0..5000).map(|_| (None, "{}".to_string())))
         .await;
     td.exec("ANALYZE {t}").await;
-    let store = SqlStore::connect(&td.url, &td.table, 1, Duration::from_secs(5))
-        .await
-        .expect("connect");
-    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
-        .fetch_one(store.pool())
-        .await
-        .expect("show");
-    assert_eq!(mode, "force_generic_plan");
+    let store = one_session(&td.url, &td.table).await;
+    assert_eq!(plan_cache_mode(&store).await, "force_generic_plan");
     let mut claimed = 0;
     for newest in [false, true, false, true, false, false, false, false] {
         let mut req = request(2, LONG, "a", None);
@@ -1318,14 +1327,8 @@ async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
         "{}{sep}options=-c%20plan_cache_mode%3Dforce_custom_plan",
         td.url
     );
-    let store = SqlStore::connect(&custom, &td.table, 1, Duration::from_secs(5))
-        .await
-        .expect("connect");
-    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
-        .fetch_one(store.pool())
-        .await
-        .expect("show");
-    assert_eq!(mode, "force_custom_plan");
+    let store = one_session(&custom, &td.table).await;
+    assert_eq!(plan_cache_mode(&store).await, "force_custom_plan");
     td.drop_table().await;
 }
 
