@@ -23,7 +23,7 @@ use crate::sink::Delivery;
 impl SqlStore {
     /// The condition a row `o` must meet to be claimed: due, not under a live claim, and the
     /// head of its ordering key (no placeholders).
-    fn claimable(&self) -> String {
+    pub(super) fn claimable(&self) -> String {
         let c = &self.cols;
         let now = self.dialect.now();
         let due = c.due("o.", self.dialect);
@@ -70,7 +70,7 @@ impl SqlStore {
 
     /// The channel of row `a` as the picks filter it: MySQL's indexed virtual column, else
     /// the mapped column (or the constant, which the planner folds away).
-    fn pick_channel(&self, a: &str) -> String {
+    pub(super) fn pick_channel(&self, a: &str) -> String {
         match self.open_columns().0 {
             "" => self.cols.channel(a),
             open => format!("{a}{open}"),
@@ -151,6 +151,10 @@ enum Col {
     /// SQLite: the storage class of each column in [`CLASS_CHECKS`] (NULL elsewhere).
     Classes,
 }
+
+/// How many columns a claim's select list has (see [`SqlStore::returning_columns`]): a claim
+/// may add its own after them.
+pub(super) const RETURNED_COLUMNS: usize = Col::ALL.len();
 
 impl Col {
     const ALL: [Col; 9] = [
@@ -318,7 +322,8 @@ fn decode_error(e: &sqlx::Error) -> String {
 
 impl SqlStore {
     /// One pick per budget: the ids (or `cols`) of up to `n` claimable rows of one channel,
-    /// or of every channel but some, in id order. `lock` is appended to each pick
+    /// or of every channel but some, in id order (see [`plan`]; `{pick}` in `cols` is the
+    /// pick's index there). `lock` is appended to each pick
     /// (PostgreSQL: `FOR UPDATE OF o SKIP LOCKED`), `fence` adds its condition to each. A
     /// request without budgets is one pick of `limit` rows of any channel not excluded.
     pub(super) fn picks(
@@ -329,35 +334,20 @@ impl SqlStore {
         lock: &str,
         fence: &PickFence,
     ) -> Vec<Sql> {
-        // Each channel's budget is taken oldest first, but for a share taken newest first:
-        // under a backlog, a row just committed is sent within one claim instead of after
-        // the whole backlog (the order of a channel's rows is not a promise; an ordering
-        // key's is, and only the head of a key is ever claimable). The two picks can meet
-        // when the channel has fewer rows due than its budget; the claim takes such a row once.
-        let filters: Vec<(Filter, u32, Order)> = match &req.budgets {
-            Some(b) => b
-                .channels
-                .iter()
-                .flat_map(|(c, n)| {
-                    let newest = newest_share(*n, req.newest);
-                    [
-                        (Filter::Channel(c), n - newest, Order::Oldest),
-                        (Filter::Channel(c), newest, Order::Newest),
-                    ]
-                })
-                .filter(|(_, n, _)| *n > 0)
-                .chain(
-                    b.others
-                        .iter()
-                        .map(|(known, n)| (Filter::NotIn(known), *n, Order::Oldest)),
-                )
-                .collect(),
-            None => vec![(
-                Filter::NotIn(&req.exclude_channels),
-                req.limit,
-                Order::Oldest,
-            )],
-        };
+        self.picks_of(plan(req), req, floors, cols, lock, fence)
+    }
+
+    /// [`SqlStore::picks`] of a given [`plan`] (MySQL's claim-mode claim reads each pick's
+    /// candidates with more rows than it takes).
+    pub(super) fn picks_of(
+        &self,
+        filters: Vec<(Filter<'_>, u32, Order)>,
+        req: &ClaimRequest,
+        floors: &Floors,
+        cols: &str,
+        lock: &str,
+        fence: &PickFence,
+    ) -> Vec<Sql> {
         let t = &self.table;
         let claimable = self.claimable();
         let (_, _, hint) = self.open_columns();
@@ -365,7 +355,9 @@ impl SqlStore {
         let open = self.cols.open("n.");
         filters
             .into_iter()
-            .map(|(filter, n, order)| {
+            .enumerate()
+            .map(|(i, (filter, n, order))| {
+                let cols = cols.replace("{pick}", &i.to_string());
                 let mut q = Sql::default();
                 match (order, &filter) {
                     // The newest pick looks only at the channel's newest unfinished rows (a
@@ -541,18 +533,54 @@ pub(super) fn newest_share(budget: u32, newest: bool) -> u32 {
         0
     }
 }
+
+/// The picks of a claim, in the order [`SqlStore::picks`] makes them: which channels each
+/// takes, how many rows, from which end.
+pub(super) fn plan(req: &ClaimRequest) -> Vec<(Filter<'_>, u32, Order)> {
+    // Each channel's budget is taken oldest first, but for a share taken newest first:
+    // under a backlog, a row just committed is sent within one claim instead of after
+    // the whole backlog (the order of a channel's rows is not a promise; an ordering
+    // key's is, and only the head of a key is ever claimable). The two picks can meet
+    // when the channel has fewer rows due than its budget; the claim takes such a row once.
+    match &req.budgets {
+        Some(b) => b
+            .channels
+            .iter()
+            .flat_map(|(c, n)| {
+                let newest = newest_share(*n, req.newest);
+                [
+                    (Filter::Channel(c), n - newest, Order::Oldest),
+                    (Filter::Channel(c), newest, Order::Newest),
+                ]
+            })
+            .filter(|(_, n, _)| *n > 0)
+            .chain(
+                b.others
+                    .iter()
+                    .map(|(known, n)| (Filter::NotIn(known), *n, Order::Oldest)),
+            )
+            .collect(),
+        None => vec![(
+            Filter::NotIn(&req.exclude_channels),
+            req.limit,
+            Order::Oldest,
+        )],
+    }
+}
+
 /// How many of a channel's newest unfinished rows the newest pick looks at, per row it takes.
 const NEWEST_WINDOW: u32 = 4;
 
 /// Which end of a channel's due rows a pick starts from.
-#[derive(Clone, Copy)]
-enum Order {
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Order {
     Oldest,
     Newest,
 }
 
 /// Which channels one pick takes.
-enum Filter<'a> {
+#[derive(Clone, Copy)]
+pub(super) enum Filter<'a> {
     Channel(&'a str),
     /// Every channel but these (none: every channel).
     NotIn(&'a [String]),

@@ -33,6 +33,7 @@ mod ident;
 mod lease_table;
 mod migrate;
 mod mysql;
+mod mysql_claim;
 mod postgres;
 mod results;
 mod shedlock;

@@ -1,6 +1,6 @@
 //! MySQL 8 / MariaDB 10.6+: schema, server capabilities, and the statements that differ
-//! because MySQL has no `UPDATE ... RETURNING`: the claim (a locking read, then an `UPDATE`,
-//! in one transaction), the epoch bump (`LAST_INSERT_ID(expr)`) and the insert.
+//! because MySQL has no `UPDATE ... RETURNING`: the epoch bump (`LAST_INSERT_ID(expr)`) and
+//! the insert (the claim is in `mysql_claim.rs`).
 //!
 //! Timestamps are `TIMESTAMP(6)`: stored as instants (UTC) and converted to and from each
 //! session's time zone, so a row the application inserts with the DEFAULT timestamps from a
@@ -11,15 +11,9 @@
 //! Sessions run at READ COMMITTED so that the claim's locking read takes no gap locks that
 //! would block the application's inserts.
 
-use std::collections::HashSet;
-
 use sqlx::Row;
-use sqlx::any::AnyRow;
 
-use super::ClaimRequest;
 use super::builder::Sql;
-use super::claim::{PickFence, has_ordering_key};
-use super::cursor::Floors;
 use super::sql::SqlStore;
 
 /// The lease table (`outbox_relay_lease`): also created beside a mapped table.
@@ -157,128 +151,6 @@ pub(super) async fn convert_timestamps(
     // The pool's sessions run at UTC; give the connection back as it was.
     conn.execute("SET SESSION time_zone = '+00:00'").await?;
     result
-}
-
-/// The claim: the picks as one `UNION ALL` of locking reads (`SKIP LOCKED` where the server
-/// has it) and one `UPDATE` that marks them claimed, in one short transaction, under the fence.
-pub(super) async fn claim(
-    store: &SqlStore,
-    req: &ClaimRequest,
-    skip_locked: bool,
-    floors: &Floors,
-) -> anyhow::Result<Vec<AnyRow>> {
-    let cols = store.returning_columns("o.", req);
-    let lock = if skip_locked {
-        "FOR UPDATE SKIP LOCKED"
-    } else {
-        "FOR UPDATE"
-    };
-    let mut select = Sql::default();
-    for (i, p) in store
-        .picks(req, floors, &cols, lock, &PickFence::None)
-        .into_iter()
-        .enumerate()
-    {
-        if i > 0 {
-            select.push(" UNION ALL ");
-        }
-        select.push("(").append(p).push(")");
-    }
-    let mut tx = store.pool.begin().await?;
-    if !fence_holds(store, req, &mut tx).await? {
-        tx.rollback().await?;
-        return Ok(Vec::new());
-    }
-    let mut rows = select.query(store).fetch_all(&mut *tx).await?;
-    if rows.is_empty() {
-        tx.commit().await?;
-        return Ok(rows);
-    }
-    // A locking read reads the newest committed rows, but the picks' `NOT EXISTS` test of an
-    // earlier unfinished row of the same ordering key is a plain read of the snapshot taken
-    // when that test first ran in the statement. Two rows of one key written in one
-    // transaction (an application recording two events of an order at once) and committed
-    // while the picks walk are both seen by the locking read, while the test does not see the
-    // first: both were claimed and sent at once. (PostgreSQL reads both sides from one
-    // snapshot; SQLite has one writer.) Found by the chaos run (two keys out of order in
-    // 100,000 rows) and reproduced by `claim_rule::mysql_a_key_committed_during_a_slow_pick_
-    // is_not_overtaken`. So keyed rows are checked again by a statement that reads after the
-    // picks saw them (sessions run at READ COMMITTED: each statement reads what is committed
-    // when it runs), and those behind an earlier unfinished row (one picked with them
-    // included) are left alone: not claimed, their locks released at commit. See
-    // docs/design.md, "Ordering keys".
-    let keyed: Vec<i64> = rows
-        .iter()
-        .filter(|r| has_ordering_key(r))
-        .filter_map(|r| r.try_get::<i64, _>(0).ok())
-        .collect();
-    if let Some(behind) = store.behind_an_earlier_row()
-        && !keyed.is_empty()
-    {
-        let id = &store.cols.id;
-        let mut check = Sql::new(&format!(
-            "SELECT o.{id} FROM {} o WHERE o.{id} IN (",
-            store.table
-        ));
-        check.ints(keyed).push(&format!(") AND {behind}"));
-        let blocked: HashSet<i64> = check
-            .query(store)
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| r.try_get::<i64, _>(0))
-            .collect::<Result<_, _>>()?;
-        if !blocked.is_empty() {
-            tracing::debug!(
-                ?blocked,
-                "picked rows behind an earlier row of their key left alone"
-            );
-            rows.retain(|r| {
-                r.try_get::<i64, _>(0)
-                    .map_or(true, |id| !blocked.contains(&id))
-            });
-        }
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(rows);
-        }
-    }
-    let ids = rows
-        .iter()
-        .map(|r| r.try_get::<i64, _>(0))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut u = Sql::new(&format!("UPDATE {} SET claimed_by = ", store.table));
-    let id = &store.cols.id;
-    u.text(&req.claimer)
-        .push(", claim_token = ")
-        .text(&req.token)
-        .push(", claimed_until = ")
-        .now_plus(store.dialect, req.ttl)
-        .push(&format!(" WHERE {id} IN ("))
-        .ints(ids)
-        .push(")");
-    u.query(store).execute(&mut *tx).await?;
-    tx.commit().await?;
-    Ok(rows)
-}
-
-/// Inside the claim's transaction: whether the lease epoch is still the claimer's, holding a
-/// shared lock on the lease row until the claim commits (a new holder's epoch bump waits for
-/// it, and later claims of the old holder see the bump).
-async fn fence_holds(
-    store: &SqlStore,
-    req: &ClaimRequest,
-    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-) -> anyhow::Result<bool> {
-    let Some(f) = &req.fence else {
-        return Ok(true);
-    };
-    let mut q = Sql::new("SELECT epoch FROM outbox_relay_lease WHERE name = ");
-    q.text(&f.lease)
-        .push(" AND epoch = ")
-        .int(f.epoch)
-        .push(" LOCK IN SHARE MODE");
-    Ok(q.query(store).fetch_optional(&mut **tx).await?.is_some())
 }
 
 /// `UPDATE outbox_relay_lease SET {set}, epoch = epoch + 1 WHERE {filter}`: the new epoch

@@ -20,6 +20,7 @@ use super::claim::{newest_share, to_claimed};
 use super::cursor::Cursors;
 use super::{
     ClaimRequest, ClaimedRow, Columns, Completion, Dialect, NewRow, Queue, migrate, mysql,
+    mysql_claim,
 };
 use crate::BoxFuture;
 
@@ -470,7 +471,7 @@ impl Queue for SqlStore {
                 let _writing = self.writing().await;
                 match self.dialect {
                     Dialect::MySql { skip_locked, .. } => {
-                        mysql::claim(self, req, skip_locked, &floors).await?
+                        mysql_claim::claim(self, req, skip_locked, &floors).await?
                     }
                     _ => self.claim_returning(req, &floors).await?,
                 }

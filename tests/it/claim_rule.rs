@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use outbox_relay::store::{
-    Budgets, ClaimRequest, ClaimedRow, Completion, Queue, Resolution, SqlStore,
+    Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, Queue, Resolution, SqlStore,
 };
 use proptest::prelude::*;
 
@@ -401,7 +401,7 @@ proptest! {
 /// Two rows of one key committed (in one transaction) while a claim's picks run must not both
 /// be claimed (MySQL/MariaDB: the picks' locking read sees both, but their test for an
 /// earlier row of the key reads the snapshot of when that test first ran; the store checks
-/// keyed rows again, `store/mysql.rs`). Found by the chaos run as two keys delivered out of
+/// keyed rows again, `store/mysql_claim.rs`). Found by the chaos run as two keys delivered out of
 /// order. The picks are made slow by 130,000 open rows under another instance's live claim,
 /// which each claim walks past (a fresh store each time: no floor), after a keyed row that
 /// makes the test run at once. PostgreSQL reads the rows and the test from one snapshot (rows
@@ -435,12 +435,24 @@ async fn mysql_a_key_committed_during_a_slow_pick_is_not_overtaken() {
          (SELECT id FROM (SELECT MAX(id) AS id FROM {t} WHERE ordering_key = 'early') x)",
     )
     .await;
+    // Leader mode: in claim mode the picks are a plain read, and rows committed while it
+    // runs are not seen at all (`store/mysql_claim.rs`).
+    let epoch = td
+        .store
+        .lease_acquire(&td.table, "props", Duration::from_secs(600))
+        .await
+        .expect("lease")
+        .expect("a free lease");
     let req = || ClaimRequest {
         budgets: Some(Budgets {
             channels: vec![("hook".into(), 10)],
             others: None,
         }),
         limit: 10,
+        fence: Some(Fence {
+            lease: td.table.clone(),
+            epoch,
+        }),
         ..request(10, false)
     };
     // A fresh store (no floors), its connection opened beforehand so the claim's statement

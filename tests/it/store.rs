@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::process::until;
 use crate::support::*;
 use outbox_relay::store::{
     Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, MAX_ERROR_LEN, NewRow, Queue,
@@ -1230,6 +1231,180 @@ async fn mysql_claims_never_walk_finished_rows() {
     assert!(
         read < 100,
         "the claim read {read} index entries past {FINISHED} finished rows"
+    );
+    td.drop_table().await;
+}
+
+/// Makes a claim by `claimer` slow (MySQL/MariaDB): a trigger sleeps 0.1 s for each row its
+/// `UPDATE` marks, so the claim's transaction holds its locks that long per row.
+async fn slow_claims_by(td: &TestDb, claimer: &str) {
+    let sql = format!(
+        "CREATE TRIGGER {t}_slow BEFORE UPDATE ON {t} FOR EACH ROW \
+         BEGIN IF NEW.claimed_by = '{claimer}' THEN DO SLEEP(0.1), '{t}'; END IF; END",
+        t = td.table
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(td.store.pool())
+        .await
+        .expect("create trigger");
+}
+
+/// Whether a claim is marking its rows (in the trigger's sleep of [`slow_claims_by`], which
+/// names the table): its picks are done. (Probing its rows' locks before would race with the picks: a row a probe
+/// holds for a moment is skipped by them.)
+async fn marking(td: &TestDb) -> bool {
+    td.scalar(&format!(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE INFO LIKE 'DO SLEEP%' AND INFO LIKE '%{}%'",
+        td.table
+    ))
+    .await
+        > 0
+}
+
+/// Whether another session can lock row `id` now (`FOR UPDATE NOWAIT`).
+async fn lockable(td: &TestDb, id: i64) -> bool {
+    let mut tx = td.store.pool().begin().await.expect("begin");
+    let sql = format!(
+        "SELECT id FROM {} WHERE id = {id} FOR UPDATE NOWAIT",
+        td.table
+    );
+    let free = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_optional(&mut *tx)
+        .await
+        .is_ok();
+    tx.rollback().await.expect("rollback");
+    free
+}
+
+/// A claim-mode request for up to `n` rows of channel `hook`.
+fn hook_request(n: u32, claimer: &str) -> ClaimRequest {
+    let mut req = request(n, LONG, claimer, None);
+    req.budgets = Some(Budgets {
+        channels: vec![("hook".into(), n)],
+        others: None,
+    });
+    req
+}
+
+/// MySQL/MariaDB, claim mode: a claim locks only the rows it returns. Its picks walk past
+/// retries not yet due, rows under another instance's live claim and a row behind an earlier
+/// one of its ordering key; while the claim's transaction is open (slowed by a trigger),
+/// another session can lock every one of those, and none of the rows claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_claim_mode_locks_only_the_rows_it_returns() {
+    let Some(td) = TestDb::open(Db::MySql, "st_locks").await else {
+        return;
+    };
+    td.insert_hooks(20).await;
+    td.exec(
+        "UPDATE {t} SET status = 'RETRY', attempts = 1, \
+         next_attempt_at = NOW(6) + INTERVAL 1 HOUR",
+    )
+    .await;
+    let not_due = td.scalar("SELECT MAX(id) FROM {t}").await;
+    td.insert_hooks(20).await;
+    td.exec(&format!(
+        "UPDATE {{t}} SET claimed_by = 'other', claim_token = 'x', \
+         claimed_until = NOW(6) + INTERVAL 1 HOUR WHERE id > {not_due}"
+    ))
+    .await;
+    let walked_past = td.scalar("SELECT MAX(id) FROM {t}").await;
+    td.insert(
+        "hook",
+        (0..2).map(|_| (Some("k".to_string()), "{}".to_string())),
+    )
+    .await;
+    let behind_its_key = td.scalar("SELECT MAX(id) FROM {t}").await;
+    td.insert_hooks(9).await;
+    slow_claims_by(&td, "slow").await;
+
+    let store = td.store.clone();
+    let claim = tokio::spawn(async move { store.claim(&hook_request(20, "slow")).await });
+    // The claim is inside its UPDATE for 1 s of trigger sleeps.
+    let first = behind_its_key - 1;
+    until(
+        "the claim to mark its rows",
+        Duration::from_secs(5),
+        || async { claim.is_finished() || marking(&td).await },
+    )
+    .await;
+    assert!(
+        !claim.is_finished(),
+        "the claim returned early: {:?}",
+        claim.await.map(|r| r.map(|r| ids(&r)))
+    );
+    let mut locked = Vec::new();
+    for id in (1..=walked_past).chain([behind_its_key]) {
+        if !lockable(&td, id).await {
+            locked.push(id);
+        }
+    }
+    let still_open = !lockable(&td, first).await;
+    let rows = bounded("claim", async { Ok(claim.await) })
+        .await
+        .expect("join")
+        .expect("claim");
+    assert!(still_open, "the claim committed before the probes ended");
+    assert_eq!(
+        locked,
+        Vec::<i64>::new(),
+        "rows the claim walked past stayed locked"
+    );
+    assert_eq!(
+        ids(&rows),
+        (behind_its_key - 1..=behind_its_key + 9)
+            .filter(|i| *i != behind_its_key)
+            .collect::<Vec<_>>()
+    );
+    td.drop_table().await;
+}
+
+/// MySQL/MariaDB, claim mode: claims made while another claim holds the oldest rows (its
+/// transaction slowed by a trigger) read past them and take a full budget each, instead of
+/// coming back empty: the second one reads past the held rows once, the third past those and
+/// the second's (claimed by then).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_claims_read_past_rows_another_claim_holds() {
+    let Some(td) = TestDb::open(Db::MySql, "st_past").await else {
+        return;
+    };
+    td.insert_hooks(40).await;
+    slow_claims_by(&td, "slow").await;
+    let first = td.scalar("SELECT MIN(id) FROM {t}").await;
+    let store = td.store.clone();
+    let slow = tokio::spawn(async move { store.claim(&hook_request(10, "slow")).await });
+    until(
+        "the slow claim to mark its rows",
+        Duration::from_secs(5),
+        || async { slow.is_finished() || marking(&td).await },
+    )
+    .await;
+    assert!(
+        !slow.is_finished(),
+        "the slow claim returned early: {:?}",
+        slow.await.map(|r| r.map(|r| ids(&r)))
+    );
+    let mut newest = hook_request(10, "b");
+    newest.newest = true;
+    let b = bounded("claim b", td.store.claim(&newest)).await;
+    let c = bounded("claim c", td.store.claim(&hook_request(10, "c"))).await;
+    let held = !lockable(&td, first).await;
+    let slow = bounded("claim", async { Ok(slow.await) })
+        .await
+        .expect("join")
+        .expect("claim");
+    assert!(held, "the slow claim committed before the others ended");
+    assert_eq!(ids(&slow), (first..first + 10).collect::<Vec<_>>());
+    // b's newest share is the channel's newest row; the rest of its budget the oldest after
+    // the held rows.
+    let mut want_b: Vec<i64> = (first + 10..first + 19).collect();
+    want_b.push(first + 39);
+    assert_eq!(ids(&b), want_b, "b read past the held rows");
+    assert_eq!(
+        ids(&c),
+        (first + 19..first + 29).collect::<Vec<_>>(),
+        "c read past the held rows and b's"
     );
     td.drop_table().await;
 }
