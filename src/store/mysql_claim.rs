@@ -118,7 +118,7 @@ async fn locking_picks(
 /// past retries not yet due, rows under another instance's claim and rows behind an earlier
 /// one of their ordering key, so one claim of 10 past 300 rows not due held 620 row locks,
 /// and another instance's claim skipped those rows or waited on them. Now a pick is
-/// `SELECT ... WHERE id IN (SELECT id FROM (<the pick, plain, for twice its rows>) w) AND
+/// `SELECT ... WHERE id IN (SELECT id FROM (<the pick, plain, for 3x its rows>) w) AND
 /// <claimable> ORDER BY id LIMIT <its rows> FOR UPDATE SKIP LOCKED`: the derived table is
 /// read without locks, and the outer read locks only the rows it returns.
 ///
@@ -145,6 +145,10 @@ async fn read_then_lock(
     let mut taken: HashSet<i64> = HashSet::new();
     for round in 0..ROUNDS {
         let plan = plan(&req);
+        // No channel has room (the claim is for unserved channels' rows alone): no statement.
+        if plan.is_empty() {
+            break;
+        }
         let wide: Vec<_> = plan
             .iter()
             .map(|&(f, n, o)| (f, n.saturating_mul(CANDIDATES_PER_ROW), o))

@@ -565,6 +565,28 @@ async fn budgets_cap_each_channel(db: Db) {
         .collect();
     let min = td.scalar("SELECT MIN(id) FROM {t}").await;
     assert_eq!(first_a, vec![min, min + 27]);
+    // Claim mode (no fence; on MySQL its picks read candidates first): the same budgets take
+    // the next rows, and a claim for the rows of unserved channels alone (every sink busy)
+    // takes theirs.
+    let mut free = request(100, LONG, "b", None);
+    free.budgets = req.budgets.clone();
+    let next = bounded("claim", store.claim(&free)).await;
+    let count = |c: &str| next.iter().filter(|r| r.delivery.channel == c).count();
+    assert_eq!((count("a"), count("b"), count("nobody")), (2, 5, 1));
+    assert!(
+        next.iter()
+            .all(|r| !rows.iter().any(|o| o.delivery.id == r.delivery.id)),
+        "claimed again: {:?} then {:?}",
+        ids(&rows),
+        ids(&next)
+    );
+    free.budgets = Some(Budgets {
+        channels: Vec::new(),
+        others: Some((vec!["a".into(), "b".into()], 3)),
+    });
+    let strays = bounded("claim", store.claim(&free)).await;
+    assert_eq!(strays.len(), 3, "{:?}", ids(&strays));
+    assert!(strays.iter().all(|r| r.delivery.channel == "nobody"));
     // An empty budget claims nothing (and sends no statement).
     req.budgets = Some(Budgets::default());
     assert!(bounded("claim", store.claim(&req)).await.is_empty());
