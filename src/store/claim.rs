@@ -405,14 +405,14 @@ impl SqlStore {
                     }
                 }
                 fence.add(&mut q, req);
-                let direction = match order {
-                    Order::Oldest => "",
-                    Order::Newest => " DESC",
-                };
-                q.push(&format!(" ORDER BY o.{id}{direction} LIMIT "))
-                    .int(n as i64)
-                    .push(" ")
-                    .push(lock);
+                match order {
+                    Order::Oldest => q.push(&format!(" ORDER BY o.{id} LIMIT ")),
+                    Order::Newest => q.push(&format!(" ORDER BY o.{id} DESC LIMIT ")),
+                    Order::Any => q.push(" LIMIT "),
+                }
+                .int(n as i64)
+                .push(" ")
+                .push(lock);
                 q
             })
             .collect()
@@ -431,7 +431,20 @@ impl SqlStore {
     ) -> anyhow::Result<bool> {
         let id = &self.cols.id;
         let mut q = Sql::default();
-        let picks = self.picks(req, floors, &format!("o.{id}"), "", &PickFence::None);
+        let mut plan = plan(req);
+        if matches!(self.dialect, Dialect::MySql { .. }) {
+            // Any row will do, so no sort: MariaDB 10.11 answered this plain read of the
+            // picks of every channel but some, sorted by id, with no rows while due rows were
+            // there (under load, with rows changed moments before; docs/design.md,
+            // "Claim-mode locks on MySQL"). Unsorted it found them. (PostgreSQL and SQLite
+            // keep the order: without it their planners may scan the table for one row.)
+            for (filter, _, order) in &mut plan {
+                if matches!(filter, Filter::NotIn(_)) {
+                    *order = Order::Any;
+                }
+            }
+        }
+        let picks = self.picks_of(plan, req, floors, &format!("o.{id}"), "", &PickFence::None);
         for (i, p) in picks.into_iter().enumerate() {
             if i > 0 {
                 q.push(" UNION ALL ");
@@ -443,7 +456,7 @@ impl SqlStore {
     }
 
     /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING` (MySQL:
-    /// [`super::mysql::claim`]).
+    /// [`super::mysql_claim::claim`]).
     pub(super) async fn claim_returning(
         &self,
         req: &ClaimRequest,
@@ -576,6 +589,9 @@ const NEWEST_WINDOW: u32 = 4;
 pub(super) enum Order {
     Oldest,
     Newest,
+    /// Whichever rows the index gives first: for a read that only asks whether any row is
+    /// claimable.
+    Any,
 }
 
 /// Which channels one pick takes.
