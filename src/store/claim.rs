@@ -70,7 +70,7 @@ impl SqlStore {
 
     /// The channel of row `a` as the picks filter it: MySQL's indexed virtual column, else
     /// the mapped column (or the constant, which the planner folds away).
-    pub(super) fn pick_channel(&self, a: &str) -> String {
+    fn pick_channel(&self, a: &str) -> String {
         match self.open_columns().0 {
             "" => self.cols.channel(a),
             open => format!("{a}{open}"),
