@@ -334,7 +334,6 @@ pub fn row_decode(data: &[u8]) {
         max_payload_bytes: max,
         newest: false,
         budgets: None,
-        probe_first: false,
     };
     match crate::store::to_claimed(&row, &req) {
         Ok(r) => check_claimed(&r, &cols, &stored_payload, max),

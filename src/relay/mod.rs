@@ -7,6 +7,8 @@
 //!     claim up to min(free slots, batch_size) due rows      -- one statement
 //!     hand each row to a delivery task                       -- results batched by the recorder
 //!     a full batch: claim again at once; otherwise sleep poll_interval (NOTIFY wakes sooner)
+//!     idle: read whether anything is claimable before claiming; with NOTIFY, sleep until
+//!         the next retry is due, at most 2 x poll_interval
 //! on shutdown: claim nothing more, let sends in flight finish (bounded), write their results
 //! ```
 //!
@@ -36,7 +38,7 @@ pub use recorder::{Recorder, RecorderHandle};
 use crate::config::{Mode, RelaySettings};
 use crate::lease::{LeaseState, drift};
 use crate::sink::{MovingAverage, SinkRegistry};
-use crate::store::{Arrivals, ClaimRequest, Queue};
+use crate::store::{Arrivals, ClaimRequest, Probe, Queue};
 use crate::telemetry::Health;
 
 /// How far ahead a rate-limited sink's budget looks: rows it cannot start within this are
@@ -60,6 +62,11 @@ const NEWEST_EVERY: Duration = Duration::from_millis(100);
 /// How often a claim also looks for rows of channels that no sink serves (to fail them):
 /// that look cannot use the channel index, so it is not made on every claim.
 const OTHERS_EVERY: Duration = Duration::from_secs(2);
+/// With every insert announced (PostgreSQL's NOTIFY), how many poll intervals an idle relay
+/// may go without reading the table: its reads are then only for rows whose time comes,
+/// which the read itself foresees, and for changes nothing announces (a requeue by hand,
+/// another instance's result, a notification lost with its connection). See [`idle_wait`].
+const QUIET_POLLS: u32 = 2;
 
 /// Everything the loop needs.
 pub struct Relay {
@@ -106,9 +113,10 @@ impl Relay {
         let mut gathered = false;
         // Since when a claim that would only top up the sinks' queues has been waiting.
         let mut topping_up: Option<Instant> = None;
-        // The last claim found nothing, and nothing but the poll timer (or the lease) woke the
-        // loop since: the next claim reads first whether anything is claimable (what an idle
-        // relay costs the database: one plain read per poll; docs/design.md, "Idle cost").
+        // The last claim (or read) found nothing, and nothing but the poll timer (or the lease)
+        // woke the loop since: read first whether anything is claimable, and claim only if so
+        // (what an idle relay costs the database: one plain read per poll; docs/design.md,
+        // "Idle cost").
         let mut probe_next = false;
         // How long claims take: with each sink's send time it sizes the rows claimed ahead.
         let claim_time = MovingAverage::default();
@@ -210,12 +218,7 @@ impl Relay {
             }
             topping_up = None;
             if budgets.total() == 0 {
-                tokio::select! {
-                    _ = self.wake.notified() => {}
-                    _ = tokio::time::sleep(s.poll_interval) => {}
-                    _ = self.shutdown.cancelled() => {}
-                    _ = lease_changed(&mut lease_rx) => {}
-                }
+                self.idle(s.poll_interval, &mut lease_rx).await;
                 continue;
             }
             //    Under a backlog, rows that just arrived are taken from each channel's newest end
@@ -238,8 +241,25 @@ impl Relay {
                 max_payload_bytes: Some(self.sinks.max_payload_bytes() as u64),
                 newest,
                 budgets: Some(budgets.clone()),
-                probe_first: std::mem::take(&mut probe_next),
             };
+            //    An idle poll reads first. Under load claims find rows and never read first; a
+            //    wake-up (NOTIFY, the newest-id check, a result that unblocked a key) means
+            //    rows may have arrived, so it claims at once. A row that becomes claimable
+            //    just after the read waits for the next poll or wake-up, as it would had the
+            //    claim itself run a moment earlier.
+            if std::mem::take(&mut probe_next) {
+                let probe = tokio::select! {
+                    p = self.store.probe(&req) => p,
+                    _ = self.shutdown.cancelled() => break,
+                };
+                if let Ok(Probe::Nothing { quiet_for }) = probe {
+                    let wait = idle_wait(s.poll_interval, quiet_for, self.arrivals.announced());
+                    probe_next = !self.idle(wait, &mut lease_rx).await;
+                    continue;
+                }
+                // Claimable, or the read failed: claim (a failure is reported and retried
+                // there).
+            }
             let claimed_at = Instant::now();
             // Raced against shutdown: a claim stuck on a locked table must not hold the
             // process past shutdown_timeout. It gets a short grace first, so that an ordinary
@@ -342,13 +362,8 @@ impl Relay {
             }
             // Only a wake-up says rows may have arrived (NOTIFY, the newest-id check, a result
             // that unblocked an ordering key, a freed slot of a hungry sink); the poll timer
-            // and the lease's renewals say nothing about the table.
-            let woken = tokio::select! {
-                _ = self.wake.notified() => true,
-                _ = tokio::time::sleep(s.poll_interval) => false,
-                _ = self.shutdown.cancelled() => false,
-                _ = lease_changed(&mut lease_rx) => false,
-            };
+            // and the lease say nothing about the table.
+            let woken = self.idle(s.poll_interval, &mut lease_rx).await;
             probe_next = found_nothing && !woken;
         }
 
@@ -374,6 +389,22 @@ impl Relay {
         tracing::info!("relay stopped");
     }
 
+    /// Waits for a wake-up, `wait`, shutdown, or the lease lost or taken at another epoch
+    /// (not its renewals: they say nothing about the table, and each would cost an idle relay
+    /// a read). Returns whether a wake-up ended it: rows may have arrived.
+    async fn idle(
+        &self,
+        wait: Duration,
+        lease_rx: &mut Option<watch::Receiver<LeaseState>>,
+    ) -> bool {
+        tokio::select! {
+            _ = self.wake.notified() => true,
+            _ = tokio::time::sleep(wait) => false,
+            _ = self.shutdown.cancelled() => false,
+            _ = lease_moved(lease_rx) => false,
+        }
+    }
+
     /// Waits for the keeper to publish a new state (or a short while: a deadline can pass
     /// without any publication if the keeper task is starved).
     async fn wait_for_lease(&self, rx: &mut Option<watch::Receiver<LeaseState>>) {
@@ -394,6 +425,41 @@ async fn lease_changed(rx: &mut Option<watch::Receiver<LeaseState>>) {
             }
         }
         None => std::future::pending::<()>().await,
+    }
+}
+
+/// Resolves when the lease is lost, or held at another epoch or confirmation, than when
+/// called (never, without a lease); a renewal, which only moves the deadline, does not count.
+async fn lease_moved(rx: &mut Option<watch::Receiver<LeaseState>>) {
+    let hold = |s: &LeaseState| match *s {
+        LeaseState::Held {
+            epoch, confirmed, ..
+        } => Some((epoch, confirmed)),
+        LeaseState::Standby => None,
+    };
+    match rx {
+        Some(rx) => {
+            let now = hold(&rx.borrow_and_update());
+            if rx.wait_for(|s| hold(s) != now).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+/// How long an idle relay waits before it reads the table again, after a read that found
+/// nothing claimable: `poll_interval`, unless every insert is announced (PostgreSQL's NOTIFY,
+/// its listener connected). Then the read is only for rows whose time comes (a retry coming
+/// due), and the read said none comes for `quiet_for`: the relay waits that long,
+/// at least `poll_interval` and at most [`QUIET_POLLS`] of them, for what nothing announces.
+/// An idle relay on PostgreSQL then reads the table once a second with the defaults, not
+/// twice (docs/design.md, "Idle cost").
+fn idle_wait(poll_interval: Duration, quiet_for: Duration, announced: bool) -> Duration {
+    if announced {
+        quiet_for.clamp(poll_interval, poll_interval * QUIET_POLLS)
+    } else {
+        poll_interval
     }
 }
 

@@ -16,7 +16,7 @@ use crate::BoxFuture;
 use crate::config::{Mode, RelaySettings, RetrySettings};
 use crate::lease::LeaseState;
 use crate::sink::{Delivery, Outcome, Sink, SinkHandle, SinkRegistry};
-use crate::store::{Arrivals, ClaimRequest, ClaimedRow, Completion, Queue, Resolution};
+use crate::store::{Arrivals, ClaimRequest, ClaimedRow, Completion, Probe, Queue, Resolution};
 use crate::telemetry::Health;
 
 /// A row of the in-memory table.
@@ -41,8 +41,6 @@ struct ClaimLog {
     got: usize,
     /// The epoch it was fenced on.
     epoch: Option<i64>,
-    /// Whether it asked to read first whether anything is claimable.
-    probe_first: bool,
     /// Whether it asked for some of each channel's newest rows too.
     newest: bool,
 }
@@ -53,6 +51,8 @@ struct ClaimLog {
 struct MemQueue {
     rows: Mutex<BTreeMap<i64, MemRow>>,
     claims: Mutex<Vec<ClaimLog>>,
+    /// When each idle poll's read came, and what it found.
+    probes: Mutex<Vec<(Instant, Probe)>>,
     results: Mutex<Vec<(Instant, Completion)>>,
     /// The next this many claims fail, as a database outage would.
     failing_claims: AtomicUsize,
@@ -85,6 +85,18 @@ impl MemQueue {
         Arc::new(q)
     }
 
+    /// Adds row `id` of channel `a` in `status` (attempted once if RETRY), due at `due`.
+    fn put(&self, id: i64, status: &'static str, due: Instant) {
+        let row = MemRow {
+            channel: "a".into(),
+            status,
+            attempts: u32::from(status == "RETRY"),
+            due,
+            token: None,
+        };
+        self.rows.lock().expect("rows").insert(id, row);
+    }
+
     fn count(&self, status: &str) -> usize {
         let rows = self.rows.lock().expect("rows");
         rows.values().filter(|r| r.status == status).count()
@@ -92,6 +104,10 @@ impl MemQueue {
 
     fn claims(&self) -> Vec<ClaimLog> {
         self.claims.lock().expect("claims").clone()
+    }
+
+    fn probes(&self) -> Vec<(Instant, Probe)> {
+        self.probes.lock().expect("probes").clone()
     }
 
     fn results(&self) -> Vec<(Instant, Completion)> {
@@ -167,7 +183,6 @@ impl Queue for MemQueue {
                 outstanding,
                 got: claimed.len(),
                 epoch: req.fence.as_ref().map(|f| f.epoch),
-                probe_first: req.probe_first,
                 newest: req.newest,
             });
             Ok(claimed)
@@ -207,6 +222,40 @@ impl Queue for MemQueue {
                 }
             }
             Ok(changed)
+        })
+    }
+
+    fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>> {
+        Box::pin(async move {
+            let now = Instant::now();
+            let rows = self.rows.lock().expect("rows");
+            let asked = |channel: &str| match &req.budgets {
+                Some(b) => {
+                    let known = b.channels.iter().any(|(c, n)| c == channel && *n > 0);
+                    let other = b
+                        .others
+                        .as_ref()
+                        .is_some_and(|(k, n)| *n > 0 && !k.iter().any(|c| c == channel));
+                    known || other
+                }
+                None => req.limit > 0,
+            };
+            let open = || {
+                rows.values()
+                    .filter(|r| matches!(r.status, "PENDING" | "RETRY"))
+            };
+            let probe = if open().any(|r| r.due <= now && r.token.is_none() && asked(&r.channel)) {
+                Probe::Claimable
+            } else {
+                Probe::Nothing {
+                    quiet_for: open()
+                        .map(|r| r.due.saturating_duration_since(now))
+                        .min()
+                        .unwrap_or(Duration::MAX),
+                }
+            };
+            self.probes.lock().expect("probes").push((now, probe));
+            Ok(probe)
         })
     }
 }
@@ -284,6 +333,19 @@ fn relay(
         shutdown: shutdown.clone(),
     };
     (relay, shutdown)
+}
+
+/// A relay over an empty queue with one sink `a` (8 at once, 5 ms a send), not yet running.
+fn idle_relay() -> (Arc<MemQueue>, Arc<TimedSink>, Relay, CancellationToken) {
+    let queue = MemQueue::with_rows(&[]);
+    let a = TimedSink::new(Duration::from_millis(5));
+    let (relay, stop) = relay(
+        queue.clone(),
+        vec![("a", a.clone(), 8)],
+        settings(64, 32),
+        None,
+    );
+    (queue, a, relay, stop)
 }
 
 /// Runs until `done` holds (checked every 10 ms of paused time), then shuts down and waits.
@@ -436,16 +498,7 @@ async fn leader_mode_claims_only_under_a_live_confirmed_lease() {
     assert!(queue.claims().iter().all(|c| c.epoch == Some(7)));
     // The deadline passes without a renewal: claims stop by themselves, even though the
     // keeper published nothing.
-    queue.rows.lock().expect("rows").insert(
-        100,
-        MemRow {
-            channel: "a".into(),
-            status: "PENDING",
-            attempts: 0,
-            due: deadline + Duration::from_secs(1),
-            token: None,
-        },
-    );
+    queue.put(100, "PENDING", deadline + Duration::from_secs(1));
     tokio::time::sleep_until(deadline + Duration::from_secs(5)).await;
     assert_eq!(
         queue.count("PENDING"),
@@ -454,6 +507,45 @@ async fn leader_mode_claims_only_under_a_live_confirmed_lease() {
     );
     stop.cancel();
     task.await.expect("relay task");
+}
+
+/// The lease's renewals (every ttl/3) say nothing about the table: they do not wake an idle
+/// relay into an extra read. A new epoch does wake it, and its next claim is fenced with it.
+#[tokio::test(start_paused = true)]
+async fn an_idle_relay_reads_on_its_poll_not_on_each_lease_renewal() {
+    let queue = MemQueue::with_rows(&[]);
+    let a = TimedSink::new(Duration::from_millis(5));
+    let held = |epoch: i64| LeaseState::Held {
+        epoch,
+        deadline: Instant::now() + Duration::from_secs(10),
+        confirmed: true,
+    };
+    let (tx, rx) = watch::channel(held(3));
+    let mut s = settings(8, 8);
+    s.mode = Mode::Leader;
+    let (relay, stop) = relay(queue.clone(), vec![("a", a.clone(), 8)], s, Some(rx));
+    let start = Instant::now();
+    let task = tokio::spawn(relay.run());
+    // Renewed every 300 ms for 2.1 s.
+    for _ in 0..7 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        tx.send_replace(held(3));
+    }
+    let ms = |at: Instant| at.duration_since(start).as_millis();
+    let reads: Vec<u128> = queue.probes().iter().map(|p| ms(p.0)).collect();
+    assert_eq!(reads, [500, 1000, 1500, 2000], "a renewal woke the loop");
+    // Lost and taken again at another epoch (as after a hand-off): the loop looks at once.
+    tx.send_replace(LeaseState::Standby);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    queue.put(1, "PENDING", Instant::now());
+    tx.send_replace(held(4));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.cancel();
+    task.await.expect("relay task");
+    let claims = queue.claims();
+    let last = claims.last().expect("claims");
+    assert_eq!((last.got, last.epoch), (1, Some(4)), "{claims:?}");
+    assert!(ms(last.at) < 2_250, "claimed at {} ms", ms(last.at));
 }
 
 #[tokio::test(start_paused = true)]
@@ -544,41 +636,72 @@ async fn shutdown_gives_up_on_sends_that_outlast_its_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
-    let queue = MemQueue::with_rows(&[]);
-    let a = TimedSink::new(Duration::from_millis(5));
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 8)],
-        settings(64, 32),
-        None,
-    );
+    let (queue, a, relay, stop) = idle_relay();
     let wake = relay.wake.clone();
     let task = tokio::spawn(relay.run());
     // Claims at 0, 500, 1000 and 1500 ms find nothing; only the poll timer woke the loop.
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    queue.rows.lock().expect("rows").insert(
-        1,
-        MemRow {
-            channel: "a".into(),
-            status: "PENDING",
-            attempts: 0,
-            due: Instant::now(),
-            token: None,
-        },
-    );
+    queue.put(1, "PENDING", Instant::now());
     // A wake-up (NOTIFY, the newest-id check) means rows arrived: claimed without a probe.
     wake.notify_one();
     tokio::time::sleep(Duration::from_millis(100)).await;
     stop.cancel();
     task.await.expect("relay task");
     assert_eq!(a.sent().len(), 1);
-    let claims = queue.claims();
-    let probes: Vec<(bool, usize)> = claims.iter().map(|c| (c.probe_first, c.got)).collect();
+    let got: Vec<usize> = queue.claims().iter().map(|c| c.got).collect();
     assert_eq!(
-        probes,
-        [(false, 0), (true, 0), (true, 0), (true, 0), (false, 1)],
+        got,
+        [0, 1],
         "the first claim and the one after a wake-up claim at once; polls after an empty claim read first"
     );
+    let probes: Vec<Probe> = queue.probes().iter().map(|p| p.1).collect();
+    let empty = Probe::Nothing {
+        quiet_for: Duration::MAX,
+    };
+    assert_eq!(probes, [empty; 3], "a read at 500, 1000 and 1500 ms");
+}
+
+/// With every insert announced (NOTIFY), an idle relay reads the table every
+/// `QUIET_POLLS` poll intervals, and sooner when a waiting row's retry comes due: such a row
+/// is still claimed when it is due, not later; a wake-up still claims at once. Without the
+/// announcement it reads every poll interval.
+#[tokio::test(start_paused = true)]
+async fn an_announced_idle_relay_reads_when_a_retry_comes_due_and_seldom_otherwise() {
+    for announced in [true, false] {
+        let (queue, a, relay, stop) = idle_relay();
+        relay.arrivals.set_announced(announced);
+        let arrivals = relay.arrivals.clone();
+        let start = Instant::now();
+        let task = tokio::spawn(relay.run());
+        // Idle for 2.1 s; then a row retrying 2.1 s from now (at 4.2 s) is written without a
+        // signal (another instance's result), and at 6.05 s one is inserted and announced.
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        queue.put(1, "RETRY", Instant::now() + Duration::from_millis(2_100));
+        tokio::time::sleep(Duration::from_millis(3_950)).await;
+        queue.put(2, "PENDING", Instant::now());
+        arrivals.signal();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.cancel();
+        task.await.expect("relay task");
+
+        let ms = |at: Instant| at.duration_since(start).as_millis();
+        let reads: Vec<u128> = queue.probes().iter().map(|p| ms(p.0)).collect();
+        let claims: Vec<(u128, usize)> = queue.claims().iter().map(|c| (ms(c.at), c.got)).collect();
+        let sent: Vec<(i64, u128)> = a.sent().iter().map(|(id, at)| (*id, ms(*at))).collect();
+        if announced {
+            // Reads a second apart while nothing is due soon; at 3500 the retry is 700 ms
+            // away, so the next read is at 4200, when it is due (never sooner than a poll
+            // interval: a row due but not claimable must not make the loop spin).
+            assert_eq!(reads[..5], [500, 1500, 2500, 3500, 4200], "{reads:?}");
+            assert_eq!(claims[..2], [(0, 0), (4200, 1)], "{claims:?}");
+        } else {
+            assert_eq!(reads[..4], [500, 1000, 1500, 2000], "{reads:?}");
+            assert_eq!(claims[..2], [(0, 0), (4500, 1)], "{claims:?}");
+        }
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        assert_eq!(sent[1].0, 2);
+        assert!(sent[1].1 <= 6_060, "an announced row waited: {sent:?}");
+    }
 }
 
 /// Under a backlog, a claim takes each channel's newest rows too when an arrival was signalled

@@ -17,7 +17,7 @@ use sqlx::any::AnyRow;
 use super::builder::Sql;
 use super::cursor::Floors;
 use super::sql::SqlStore;
-use super::{ClaimRequest, ClaimedRow, Dialect, Undeliverable};
+use super::{ClaimRequest, ClaimedRow, Dialect, Probe, Undeliverable};
 use crate::sink::Delivery;
 
 impl SqlStore {
@@ -419,19 +419,21 @@ impl SqlStore {
     }
 
     /// Whether any row is claimable now for `req`'s picks: one plain read of the picks (no
-    /// lock, no fence, no write, no transaction), stopping at the first row. An idle relay's
-    /// poll asks this first (`ClaimRequest::probe_first`): on MySQL/MariaDB a claim that finds
-    /// nothing is still four statements (`BEGIN`, the fence, the locking picks, `COMMIT`),
-    /// and on PostgreSQL its shared lock on the lease row takes a transaction id and writes
-    /// WAL. See docs/design.md, "Idle cost".
-    pub(super) async fn anything_claimable(
+    /// lock, no fence, no write, no transaction), stopping at the first row ([`Queue::probe`]).
+    /// On PostgreSQL the same statement also reads how long until the earliest unfinished row
+    /// is due, so that an idle relay whose inserts are announced by NOTIFY can sleep until
+    /// then (docs/design.md, "Idle cost").
+    ///
+    /// [`Queue::probe`]: super::Queue::probe
+    pub(super) async fn probe_picks(
         &self,
         req: &ClaimRequest,
         floors: &Floors,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<Probe> {
         let id = &self.cols.id;
         let mut q = Sql::default();
         let mut plan = plan(req);
+        let pg = self.dialect == Dialect::Postgres;
         if matches!(self.dialect, Dialect::MySql { .. }) {
             // Any row will do, so no sort: MariaDB 10.11 answered this plain read of the
             // picks of every channel but some, sorted by id, with no rows while due rows were
@@ -445,6 +447,9 @@ impl SqlStore {
             }
         }
         let picks = self.picks_of(plan, req, floors, &format!("o.{id}"), "", &PickFence::None);
+        if pg {
+            q.push("SELECT (");
+        }
         for (i, p) in picks.into_iter().enumerate() {
             if i > 0 {
                 q.push(" UNION ALL ");
@@ -452,7 +457,38 @@ impl SqlStore {
             q.push("SELECT 1 FROM (").append(p).push(&format!(") p{i}"));
         }
         q.push(" LIMIT 1");
-        Ok(q.query(self).fetch_optional(&self.pool).await?.is_some())
+        if !pg {
+            let found = q.query(self).fetch_optional(&self.pool).await?.is_some();
+            return Ok(match found {
+                true => Probe::Claimable,
+                false => Probe::Nothing {
+                    quiet_for: Duration::ZERO,
+                },
+            });
+        }
+        // The earliest next_attempt_at of the unfinished rows, through the same partial index
+        // the picks walk (NULL when none is unfinished). A mapped table's NULL is due now.
+        let c = &self.cols;
+        let next = match c.mapped {
+            true => format!("COALESCE(o.{}, now())", c.next_attempt_at),
+            false => format!("o.{}", c.next_attempt_at),
+        };
+        q.push(&format!(
+            "), (SELECT EXTRACT(EPOCH FROM MIN({next}) - now())::float8 FROM {} o WHERE {})",
+            self.table,
+            c.open("o.")
+        ));
+        let row = q.query(self).fetch_one(&self.pool).await?;
+        if row.try_get::<Option<i32>, _>(0)?.is_some() {
+            return Ok(Probe::Claimable);
+        }
+        let quiet_for = match row.try_get::<Option<f64>, _>(1)? {
+            None => Duration::MAX,
+            // Past (due but not claimable), or not a number of seconds (an `infinity`
+            // timestamp): no promise.
+            Some(secs) => Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO),
+        };
+        Ok(Probe::Nothing { quiet_for })
     }
 
     /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING` (MySQL:

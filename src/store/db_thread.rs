@@ -20,7 +20,7 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::Handle;
 
-use super::{ClaimRequest, ClaimedRow, Completion, Queue};
+use super::{ClaimRequest, ClaimedRow, Completion, Probe, Queue};
 use crate::BoxFuture;
 
 /// The database thread's runtime, or why it could not be started.
@@ -73,6 +73,11 @@ impl Queue for OnDbThread {
     fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>> {
         let (queue, done) = (self.0.clone(), done.to_vec());
         Box::pin(on_db_thread(async move { queue.complete(&done).await }))
+    }
+
+    fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>> {
+        let (queue, req) = (self.0.clone(), req.clone());
+        Box::pin(on_db_thread(async move { queue.probe(&req).await }))
     }
 }
 

@@ -105,11 +105,21 @@ pub struct ClaimRequest {
     /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
     /// ignored), so that the claim asks only for what each sink can start now.
     pub budgets: Option<Budgets>,
-    /// Read first whether anything is claimable, and claim only if so (one plain read when
-    /// nothing is). The relay asks for it on a poll after a claim that found nothing, when
-    /// nothing woke it: what an idle relay costs the database (docs/design.md, "Idle cost").
-    /// Under load claims find rows, and the read would only add a statement.
-    pub probe_first: bool,
+}
+
+/// What an idle poll's read found ([`Queue::probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// A row is claimable now.
+    Claimable,
+    /// Nothing is claimable now, and by the clock alone nothing will be for at least
+    /// `quiet_for`: the earliest `next_attempt_at` of the unfinished rows is that far ahead
+    /// ([`Duration::MAX`] when no row is unfinished). It is zero when a row is due but not
+    /// claimable (under a live claim, behind its ordering key, of a channel not asked for),
+    /// and on MySQL/MariaDB and SQLite, which are not asked (only PostgreSQL's NOTIFY makes
+    /// the relay wait longer than `poll_interval`; docs/design.md, "Idle cost"). Rows written
+    /// meanwhile (an insert, a requeue, another instance's result) are not foreseen.
+    Nothing { quiet_for: Duration },
 }
 
 /// How many rows of each channel a claim may take.
@@ -341,6 +351,12 @@ pub trait Queue: Send + Sync {
     /// result whose claim is no longer live changes nothing. A failure after some results
     /// were written is an [`Incomplete`] saying which.
     fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>>;
+    /// Whether anything is claimable for `req` now: one plain read (no lock, no fence, no
+    /// write, no transaction). An idle relay's poll asks it before it claims: on MySQL/MariaDB
+    /// a claim that finds nothing is still four statements (`BEGIN`, the fence, the locking
+    /// picks, `COMMIT`), and on PostgreSQL its shared lock on the lease row takes a
+    /// transaction id and writes WAL (docs/design.md, "Idle cost").
+    fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>>;
 }
 
 /// The lease module's seam: the `outbox_relay_lease` row, which holds the `database`

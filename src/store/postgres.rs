@@ -108,6 +108,7 @@ pub async fn listen(url: String, table: String, arrivals: Arc<Arrivals>, stop: C
             listener.listen(&channel).await?;
             tracing::debug!(%channel, "listening for new outbox rows");
             // Rows may have arrived while we were not listening.
+            arrivals.set_announced(true);
             arrivals.signal();
             loop {
                 tokio::select! {
@@ -117,6 +118,7 @@ pub async fn listen(url: String, table: String, arrivals: Arc<Arrivals>, stop: C
             }
         }
         .await;
+        arrivals.set_announced(false);
         if stop.is_cancelled() {
             return;
         }

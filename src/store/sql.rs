@@ -19,7 +19,7 @@ use super::builder::Sql;
 use super::claim::{newest_share, to_claimed};
 use super::cursor::Cursors;
 use super::{
-    ClaimRequest, ClaimedRow, Columns, Completion, Dialect, NewRow, Queue, migrate, mysql,
+    ClaimRequest, ClaimedRow, Columns, Completion, Dialect, NewRow, Probe, Queue, migrate, mysql,
     mysql_claim,
 };
 use crate::BoxFuture;
@@ -461,12 +461,6 @@ impl Queue for SqlStore {
                 return Ok(Vec::new());
             }
             let floors = self.cursors.plan();
-            // An idle poll reads first, and claims only if there is something to claim. (A
-            // row that becomes claimable just after the read waits for the next poll or
-            // wake-up, as it would had the claim itself run a moment earlier.)
-            if req.probe_first && !self.anything_claimable(req, &floors).await? {
-                return Ok(Vec::new());
-            }
             let rows = {
                 let _writing = self.writing().await;
                 match self.dialect {
@@ -512,6 +506,17 @@ impl Queue for SqlStore {
             };
             self.cursors.completed(done);
             written
+        })
+    }
+
+    fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>> {
+        Box::pin(async move {
+            if req.budgets.as_ref().is_some_and(|b| b.total() == 0) || req.limit == 0 {
+                return Ok(Probe::Nothing {
+                    quiet_for: Duration::ZERO,
+                });
+            }
+            self.probe_picks(req, &self.cursors.plan()).await
         })
     }
 }

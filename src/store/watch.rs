@@ -5,7 +5,7 @@
 //!
 //! Cost: one `SELECT MAX(id)` per check, answered from the end of the primary key (one index
 //! probe, whatever the table holds), about 16 per second, idle or not. With the idle poll's
-//! read (`ClaimRequest::probe_first`, two a second) and the lease's renewals, an idle relay
+//! read (`Queue::probe`, two a second) and the lease's renewals, an idle relay
 //! stays under 20 statements a second in all (docs/design.md, "Idle cost"). It is only a hint,
 //! like NOTIFY: the poll stays the source of truth. A row that commits after a row with a
 //! higher id (MySQL allocates ids before commit) does not move the maximum; it is found by
@@ -31,6 +31,10 @@ pub struct Arrivals {
     wake: Arc<Notify>,
     /// Rows arrived since the loop last looked.
     fresh: AtomicBool,
+    /// Every committed insert is signalled: PostgreSQL's listener is connected (and was when
+    /// the loop last read the table). The newest-id check is not enough: a row that commits
+    /// after a higher id does not move it.
+    announced: AtomicBool,
 }
 
 impl Arrivals {
@@ -39,7 +43,20 @@ impl Arrivals {
         Arc::new(Arrivals {
             wake,
             fresh: AtomicBool::new(false),
+            announced: AtomicBool::new(false),
         })
+    }
+
+    /// The listener is connected (`true`) or lost (`false`). A reconnection is followed by a
+    /// [`Arrivals::signal`]: rows may have arrived unannounced meanwhile.
+    pub fn set_announced(&self, on: bool) {
+        self.announced.store(on, Ordering::Release);
+    }
+
+    /// Whether every committed insert is signalled now: then an idle relay need not look at
+    /// the table for new rows, only for rows whose time comes (docs/design.md, "Idle cost").
+    pub fn announced(&self) -> bool {
+        self.announced.load(Ordering::Acquire)
     }
 
     /// Rows may have arrived: mark it and wake the loop.

@@ -127,7 +127,6 @@ fn request(budget: u32, newest: bool) -> ClaimRequest {
             channels: CHANNELS.iter().map(|c| (c.to_string(), budget)).collect(),
             others: None,
         }),
-        probe_first: false,
     }
 }
 

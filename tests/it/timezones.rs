@@ -46,7 +46,6 @@ fn claim_all() -> ClaimRequest {
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
-        probe_first: false,
         newest: false,
     }
 }

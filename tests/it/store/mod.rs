@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::support::process::until;
 use crate::support::*;
 use outbox_relay::store::{
-    Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, MAX_ERROR_LEN, NewRow, Queue,
-    Resolution, SqlStore,
+    Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, MAX_ERROR_LEN, NewRow, Probe,
+    Queue, Resolution, SqlStore,
 };
 use sqlx::Row;
 
@@ -30,7 +30,6 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
-        probe_first: false,
         newest: false,
     }
 }
@@ -307,9 +306,10 @@ async fn expired_claim_is_taken_over_and_old_token_writes_nothing(db: Db) {
 }
 
 per_db!(an_idle_poll_reads_before_it_claims);
-/// `probe_first` (an idle relay's poll): one plain read when nothing is claimable, whatever
-/// the table holds that is not (a retry not yet due, a live claim, a finished row); the same
-/// claim as without it when something is, fenced as ever.
+/// `Queue::probe` (an idle relay's poll, which claims only when it says so): one plain read
+/// when nothing is claimable, whatever the table holds that is not (a retry not yet due, a
+/// live claim, a finished row); the claim after it fenced as ever. On PostgreSQL the read
+/// also says how long until a waiting row comes due.
 async fn an_idle_poll_reads_before_it_claims(db: Db) {
     let Some(td) = TestDb::open(db, "st_probe").await else {
         return;
@@ -329,7 +329,6 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
             others: Some((vec!["hook".into(), "log".into()], 2)),
         }),
         newest: true,
-        probe_first: true,
         ..request(
             18,
             LONG,
@@ -340,10 +339,20 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
             }),
         )
     };
+    // As the relay polls: the read, and the claim only if the read found something.
     let statements_of = async |req: &ClaimRequest| {
         let before = store.statements();
-        let rows = bounded("claim", store.claim(req)).await;
+        let probe = bounded("probe", store.probe(req)).await;
+        let rows = match probe {
+            Probe::Claimable => bounded("claim", store.claim(req)).await,
+            Probe::Nothing { .. } => Vec::new(),
+        };
         (store.statements() - before, rows)
+    };
+    // How long until a waiting row comes due, as the read says: PostgreSQL only.
+    let quiet = async |req: &ClaimRequest| match bounded("probe", store.probe(req)).await {
+        Probe::Nothing { quiet_for } => quiet_for,
+        Probe::Claimable => panic!("nothing is claimable"),
     };
 
     // On PostgreSQL a claim's fence takes a shared lock on the lease row (its xmax becomes
@@ -362,6 +371,11 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     let (n, rows) = statements_of(&poll(epoch)).await;
     assert!(rows.is_empty());
     assert_eq!(n, 1, "an empty table costs one read");
+    let nothing_waits = match db {
+        Db::Postgres => Duration::MAX,
+        _ => Duration::ZERO,
+    };
+    assert_eq!(quiet(&poll(epoch)).await, nothing_waits);
 
     // Rows that are not claimable: finished, retrying later, under another live claim.
     let done = td.enqueue("log", "{}", None).await;
@@ -392,6 +406,23 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
         );
     }
     assert!(row_is(&td, later, "claim_token IS NULL").await);
+    // A row due but under a live claim: no promise. Given back for two hours, the retry in
+    // one hour is the next row due.
+    assert_eq!(quiet(&poll(epoch)).await, Duration::ZERO);
+    let back = Resolution::Release {
+        delay: Duration::from_secs(7200),
+        error: None,
+    };
+    assert_eq!(complete(&*store, &[completion(&req, held, back)]).await, 1);
+    let left = quiet(&poll(epoch)).await;
+    if db == Db::Postgres {
+        assert!(
+            (Duration::from_secs(3590)..=Duration::from_secs(3600)).contains(&left),
+            "{left:?}"
+        );
+    } else {
+        assert_eq!(left, Duration::ZERO);
+    }
 
     // Something claimable in each pick: the claim goes on as without the read.
     let due = td.enqueue("hook", "{}", None).await;
@@ -956,8 +987,12 @@ async fn ordering_keys_deliver_one_at_a_time(db: Db) {
     // reading first whether anything is claimable: on MariaDB that read (plain, through the
     // index of unfinished rows of every channel) once found nothing here, under load with
     // the rows just changed (docs/design.md, "Claim-mode locks on MySQL").
-    let mut r3 = request(100, LONG, "c", None);
-    r3.probe_first = true;
+    let r3 = request(100, LONG, "c", None);
+    assert_eq!(
+        bounded("probe", store.probe(&r3)).await,
+        Probe::Claimable,
+        "the idle poll's read missed a2"
+    );
     let next = bounded("claim", store.claim(&r3)).await;
     assert_eq!(ids(&next), vec![a2], "the idle poll's read missed a2");
     assert_eq!(

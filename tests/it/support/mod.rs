@@ -91,6 +91,16 @@ impl TestDb {
     pub async fn open(db: Db, prefix: &str) -> Option<TestDb> {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = db.url(dir.path());
+        TestDb::open_in(db, url, dir, prefix).await
+    }
+
+    /// [`TestDb::open`] on the server at `url` (a server of the test's own).
+    pub async fn open_at(db: Db, url: String, prefix: &str) -> Option<TestDb> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        TestDb::open_in(db, url, dir, prefix).await
+    }
+
+    async fn open_in(db: Db, url: String, dir: tempfile::TempDir, prefix: &str) -> Option<TestDb> {
         let table = unique_table(prefix);
         let store = match SqlStore::connect(&url, &table, 8, Duration::from_secs(5)).await {
             Ok(s) => s,

@@ -218,6 +218,11 @@ impl PrivatePostgres {
         self.running = false;
     }
 
+    /// The whole server log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
+    }
+
     /// The last `n` lines of the server log.
     pub fn log_tail(&self, n: usize) -> String {
         let log = std::fs::read_to_string(self.log()).unwrap_or_default();
