@@ -184,7 +184,26 @@ impl SqlStore {
                 report.requeued = self.requeue_matching(filter, dry_run).await?;
             }
         }
+        if !dry_run && report.requeued > 0 {
+            self.announce().await;
+        }
         Ok(report)
+    }
+
+    /// PostgreSQL with the insert trigger: NOTIFYs the relays as the trigger does, so that
+    /// requeued rows go out at once (an idle relay that NOTIFY keeps informed reads the table
+    /// only every second poll interval; docs/design.md, "Idle cost"). Only a hint: a failure
+    /// is logged, and the rows are found by the next read anyway.
+    async fn announce(&self) {
+        if self.dialect != Dialect::Postgres || !self.cols.notify {
+            return;
+        }
+        let mut q = Sql::new("SELECT pg_notify(");
+        q.text(&super::postgres::notify_channel(&self.table))
+            .push(", '')");
+        if let Err(e) = q.query(self).execute(&self.pool).await {
+            tracing::warn!(error = %e, "could not notify the relays of requeued rows");
+        }
     }
 
     /// Requeues (or, dry-run, counts) the FAILED rows `filter` matches; returns how many.

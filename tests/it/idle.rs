@@ -10,7 +10,7 @@ use sqlx::Connection;
 
 use crate::support::config::Config;
 use crate::support::postgres::PrivatePostgres;
-use crate::support::process::{RelayProc, until};
+use crate::support::process::{RelayProc, relay_on_table, run_to_end, until};
 use crate::support::receiver::Receiver;
 use crate::support::{Db, TestDb};
 
@@ -24,7 +24,7 @@ const WINDOW: Duration = Duration::from_secs(10);
 /// the lease's renewals (every ttl/3) and the gauges' sample, fewer statements than poll
 /// intervals. (It was 21 reads, 3 renewals and the sample in 10 s.) An inserted row still
 /// goes out at once; a row put back by hand, which nothing announces, within two poll
-/// intervals.
+/// intervals, and one put back by the `requeue` verb at once.
 #[tokio::test]
 async fn an_idle_relay_on_postgres_sends_fewer_statements_than_poll_intervals() {
     let Some(pg) = PrivatePostgres::start().await else {
@@ -110,6 +110,42 @@ async fn an_idle_relay_on_postgres_sends_fewer_statements_than_poll_intervals() 
     assert!(
         took < POLL * 2 + Duration::from_millis(300),
         "a row put back by hand waited {took:?}"
+    );
+    // The `requeue` verb announces what it puts back, as the insert trigger does.
+    until(
+        "the row is delivered again",
+        Duration::from_secs(5),
+        || async { td.counts().await[2] == 1 },
+    )
+    .await;
+    td.exec(&format!(
+        "UPDATE {{t}} SET status = 'FAILED' WHERE id = {id}"
+    ))
+    .await;
+    let mut listener = sqlx::postgres::PgListener::connect(&url)
+        .await
+        .expect("listen");
+    listener
+        .listen(&format!("{}_new", td.table))
+        .await
+        .expect("listen");
+    let requeued = Instant::now();
+    let out = run_to_end(
+        "outbox-relay requeue",
+        relay_on_table(&td).args(["requeue", "--id", &id.to_string()]),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the requeue was not announced")
+        .expect("notification");
+    rx.expect_requests(3, Duration::from_secs(5), "the requeued row")
+        .await;
+    println!(
+        "MEASURED requeue verb started to the row delivered: {:?}",
+        requeued.elapsed()
     );
     relay.stop(Duration::from_secs(15)).await;
 }
