@@ -20,6 +20,10 @@ use super::sql::SqlStore;
 use super::{ClaimRequest, ClaimedRow, Dialect, Probe, Undeliverable};
 use crate::sink::Delivery;
 
+/// Most unfinished rows an idle read on PostgreSQL looks at to say when the next one is due
+/// (see `probe_picks`).
+const QUIET_SCAN: u32 = 1000;
+
 impl SqlStore {
     /// The condition a row `o` must meet to be claimed: due, not under a live claim, and the
     /// head of its ordering key (no placeholders).
@@ -468,13 +472,18 @@ impl SqlStore {
         }
         // The earliest next_attempt_at of the unfinished rows, through the same partial index
         // the picks walk (NULL when none is unfinished). A mapped table's NULL is due now.
+        // Read over at most QUIET_SCAN rows, so that a table of many rows waiting far ahead
+        // (scheduled sends) does not make every idle read walk them all: with more, no
+        // promise (zero), and the relay reads every poll interval as it did.
         let c = &self.cols;
         let next = match c.mapped {
             true => format!("COALESCE(o.{}, now())", c.next_attempt_at),
             false => format!("o.{}", c.next_attempt_at),
         };
         q.push(&format!(
-            "), (SELECT EXTRACT(EPOCH FROM MIN({next}) - now())::float8 FROM {} o WHERE {})",
+            "), (SELECT CASE WHEN COUNT(*) < {QUIET_SCAN} \
+             THEN EXTRACT(EPOCH FROM MIN(w.next) - now())::float8 ELSE 0 END \
+             FROM (SELECT {next} AS next FROM {} o WHERE {} LIMIT {QUIET_SCAN}) w)",
             self.table,
             c.open("o.")
         ));

@@ -116,7 +116,8 @@ pub enum Probe {
     /// `quiet_for`: the earliest `next_attempt_at` of the unfinished rows is that far ahead
     /// ([`Duration::MAX`] when no row is unfinished). It is zero when a row is due but not
     /// claimable (under a live claim, behind its ordering key, of a channel not asked for),
-    /// and on MySQL/MariaDB and SQLite, which are not asked (only PostgreSQL's NOTIFY makes
+    /// when more than a thousand rows are unfinished (the read looks at no more), and on
+    /// MySQL/MariaDB and SQLite, which are not asked (only PostgreSQL's NOTIFY makes
     /// the relay wait longer than `poll_interval`; docs/design.md, "Idle cost"). Rows written
     /// meanwhile (an insert, a requeue, another instance's result) are not foreseen.
     Nothing { quiet_for: Duration },

@@ -420,6 +420,16 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
             (Duration::from_secs(3590)..=Duration::from_secs(3600)).contains(&left),
             "{left:?}"
         );
+        // A thousand rows waiting (scheduled sends): the read looks at no more than that
+        // many to say when the next is due, and with more makes no promise.
+        td.exec(
+            "INSERT INTO {t} (channel, payload, status, next_attempt_at) \
+             SELECT 'hook', '{}', 'RETRY', now() + interval '1 day' FROM generate_series(1, 1000)",
+        )
+        .await;
+        assert_eq!(quiet(&poll(epoch)).await, Duration::ZERO);
+        td.exec("DELETE FROM {t} WHERE next_attempt_at > now() + interval '2 hours'")
+            .await;
     } else {
         assert_eq!(left, Duration::ZERO);
     }
