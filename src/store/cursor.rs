@@ -68,18 +68,36 @@ pub(super) type Floors = HashMap<String, i64>;
 impl Cursors {
     /// The floors for the next claim.
     pub(super) fn plan(&self) -> Floors {
+        self.floors(true)
+    }
+
+    /// The floors for a read that decides whether to claim (the idle read, `Queue::probe`):
+    /// as [`Cursors::plan`], but a full walk that is due is left to the claim. Had the read
+    /// taken it, a row it found below a floor (a claim of a killed instance expired) would
+    /// make it say "claim", and the claim, with the floors, would miss that row: read and
+    /// claim again at every poll, and never claim it.
+    pub(super) fn peek(&self) -> Floors {
+        self.floors(false)
+    }
+
+    /// [`Cursors::plan`] (`take_walk`: for a claim) or [`Cursors::peek`].
+    fn floors(&self, take_walk: bool) -> Floors {
         let mut s = self.lock();
         let now = Instant::now();
         if s.last_full_walk
             .is_none_or(|t| now.duration_since(t) >= FULL_WALK_EVERY)
         {
-            s.last_full_walk = Some(now);
+            if take_walk {
+                s.last_full_walk = Some(now);
+            }
             return Floors::new();
         }
         s.channels
             .iter_mut()
             .filter_map(|(name, c)| {
-                c.lowered = false;
+                if take_walk {
+                    c.lowered = false;
+                }
                 while let Some(&(at, f)) = c.settling.front() {
                     if now.duration_since(at) < COMMIT_GRACE {
                         break;

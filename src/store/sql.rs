@@ -516,7 +516,7 @@ impl Queue for SqlStore {
                     quiet_for: Duration::ZERO,
                 });
             }
-            self.probe_picks(req, &self.cursors.plan()).await
+            self.probe_picks(req, &self.cursors.peek()).await
         })
     }
 }

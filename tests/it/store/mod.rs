@@ -462,6 +462,48 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     td.drop_table().await;
 }
 
+per_db!(an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claiming_it);
+/// A claim of an instance that died expires below this store's floor (the rows lie under
+/// its picks' starting point): only a claim that walks from the start finds them, every
+/// `FULL_WALK_EVERY`. The idle read before it must leave that walk to the claim: when the
+/// read took it, it said "claim", the claim with the floors found nothing, and so on at
+/// every poll (a relay holding the lease and delivering nothing, in a chaos run).
+async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claiming_it(db: Db) {
+    let Some(td) = TestDb::open(db, "st_probe_floor").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let mut rows = Vec::new();
+    for _ in 0..3 {
+        rows.push(td.enqueue("hook", "{}", None).await);
+    }
+    let poll = || ClaimRequest {
+        budgets: Some(Budgets {
+            channels: vec![("hook".into(), 10)],
+            others: None,
+        }),
+        ..request(10, Duration::from_secs(1), "a", None)
+    };
+    // Claimed, and never finished (the instance died): the claim runs out at 1 s, and this
+    // store's floor, learnt from the claim, is past them once the commit grace is over.
+    let taken = bounded("claim", store.claim(&poll())).await;
+    assert_eq!(ids(&taken), rows);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let req = poll();
+    assert_eq!(
+        bounded("probe", store.probe(&req)).await,
+        Probe::Claimable,
+        "the expired claims"
+    );
+    let again = bounded("claim", store.claim(&req)).await;
+    assert_eq!(
+        ids(&again),
+        rows,
+        "the read found the rows and the claim after it did not"
+    );
+    td.drop_table().await;
+}
+
 per_db!(the_gauge_sample_counts_delivered_rows_only_when_asked);
 /// The table gauges' sample: every status with `count_success`; otherwise the waiting and
 /// FAILED rows only (the SUCCESS rows, nearly the whole table, are counted rarely).
