@@ -199,13 +199,29 @@ impl SqlStore {
                 ));
             return q;
         }
-        q.push(" WHERE claim_token = ")
-            .append(case(&|s, c| {
-                s.text(&c.token);
-            }))
-            .push(&format!(" AND {id} IN ("))
-            .ints(rows.iter().map(|c| c.id))
-            .push(")");
+        // Each row guarded by its own token, as one condition per token: the rows of a write
+        // come from a few claims, so `(claim_token = ? AND id IN (...)) OR ...` names each
+        // token once, where `claim_token = CASE id WHEN ? THEN ? ... END` named it for every
+        // row and made the server run down the CASE for each. On MariaDB, 20,000 results in
+        // writes of 137 rows, three alternate runs each: 0.29-0.42 s against 0.38-0.56 s.
+        let mut by_token: Vec<(&str, Vec<i64>)> = Vec::new();
+        for c in rows {
+            match by_token.iter_mut().find(|(t, _)| *t == &*c.token) {
+                Some((_, ids)) => ids.push(c.id),
+                None => by_token.push((&c.token, vec![c.id])),
+            }
+        }
+        q.push(" WHERE ");
+        for (i, (token, ids)) in by_token.into_iter().enumerate() {
+            if i > 0 {
+                q.push(" OR ");
+            }
+            q.push("(claim_token = ")
+                .text(token)
+                .push(&format!(" AND {id} IN ("))
+                .ints(ids)
+                .push("))");
+        }
         q
     }
 }
