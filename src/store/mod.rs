@@ -107,6 +107,14 @@ pub struct ClaimRequest {
     pub budgets: Option<Budgets>,
 }
 
+impl ClaimRequest {
+    /// No row may be taken (a zero limit, or budgets of zero): the store sends no statement
+    /// (an empty set of picks is not valid SQL).
+    pub fn asks_for_nothing(&self) -> bool {
+        self.budgets.as_ref().is_some_and(|b| b.total() == 0) || self.limit == 0
+    }
+}
+
 /// What an idle poll's read found ([`Queue::probe`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Probe {

@@ -456,8 +456,7 @@ impl Queue for SqlStore {
         req: &'a ClaimRequest,
     ) -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>> {
         Box::pin(async move {
-            // Nothing asked for: no statement (an empty set of picks is not valid SQL).
-            if req.budgets.as_ref().is_some_and(|b| b.total() == 0) || req.limit == 0 {
+            if req.asks_for_nothing() {
                 return Ok(Vec::new());
             }
             let floors = self.cursors.plan();
@@ -511,7 +510,7 @@ impl Queue for SqlStore {
 
     fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>> {
         Box::pin(async move {
-            if req.budgets.as_ref().is_some_and(|b| b.total() == 0) || req.limit == 0 {
+            if req.asks_for_nothing() {
                 return Ok(Probe::Nothing {
                     quiet_for: Duration::ZERO,
                 });
