@@ -25,6 +25,8 @@ FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The patched sqlx-core that Cargo.toml's [patch.crates-io] points at (vendor/README.md).
+COPY vendor ./vendor
 # benches/ only because Cargo.toml declares a bench target; tests are not built.
 COPY benches ./benches
 # The cache mounts keep the registry and compiled dependencies between builds.

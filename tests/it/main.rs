@@ -29,6 +29,7 @@ mod java_locks;
 mod layering;
 mod lease;
 mod memory;
+mod packaging;
 mod pool;
 mod redis_lease;
 mod redlock_lease;
