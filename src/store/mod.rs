@@ -36,6 +36,7 @@ mod mysql;
 mod mysql_claim;
 mod postgres;
 mod results;
+mod returned;
 mod shedlock;
 mod sql;
 mod sqlite;
@@ -46,9 +47,6 @@ use std::time::Duration;
 
 pub use admin::NO_AGE;
 pub use adopt::Problem;
-/// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
-#[doc(hidden)]
-pub use claim::to_claimed;
 pub use columns::{Columns, Owned, State};
 pub use console::MAX_PAGE;
 pub use db_thread::{OnDbThread, on_db_thread};
@@ -56,6 +54,9 @@ pub use dialect::Dialect;
 pub use fault::{Incomplete, is_transient};
 pub use get_lock::LockSession;
 pub use postgres::listen;
+/// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
+#[doc(hidden)]
+pub use returned::to_claimed;
 pub use shedlock::ShedLockTable;
 pub use sql::{SqlStore, WARM_CONNECTIONS};
 pub use watch::{Arrivals, NEW_ROWS_CHECK, watch_new_rows};

@@ -15,8 +15,9 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::builder::Sql;
-use super::claim::{Filter, Order, PickFence, RETURNED_COLUMNS, has_ordering_key, plan};
+use super::claim::{Filter, Order, PickFence, plan};
 use super::cursor::Floors;
+use super::returned::{RETURNED_COLUMNS, has_ordering_key};
 use super::sql::SqlStore;
 use super::{Budgets, ClaimRequest};
 

@@ -16,8 +16,9 @@ use sqlx::query::Query;
 use sqlx::{Any, AnyPool, Executor, Row};
 
 use super::builder::Sql;
-use super::claim::{newest_share, to_claimed};
+use super::claim::newest_share;
 use super::cursor::Cursors;
+use super::returned::to_claimed;
 use super::{
     ClaimRequest, ClaimedRow, Columns, Completion, Dialect, NewRow, Probe, Queue, migrate, mysql,
     mysql_claim,
