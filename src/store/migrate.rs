@@ -11,7 +11,7 @@ use super::builder::Sql;
 use super::{Dialect, mysql, postgres, sqlite};
 
 /// The newest schema version this build knows.
-pub const LATEST: i64 = 8;
+pub const LATEST: i64 = 9;
 
 fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
     match (dialect, version) {
@@ -39,7 +39,9 @@ fn steps(dialect: Dialect, table: &str, version: i64) -> Vec<String> {
 
 /// Version 3 (MySQL/MariaDB only, in code): time columns become TIMESTAMP, see
 /// `mysql::convert_timestamps`. Version 8 (MySQL/MariaDB only, in code): fewer indexes change
-/// when a row is delivered, see `mysql::slim_indexes`.
+/// when a row is delivered, see `mysql::slim_indexes`. Version 9 (MySQL/MariaDB only, in
+/// code): `open_idx` gains `next_attempt_at`, so an idle read tells from that index alone
+/// whether any unfinished row is due (see `mysql::slim_indexes`).
 ///
 /// Version 2: claims take each channel's budget with its own pick (see store/claim.rs), which
 /// walks this index instead of every due row of every channel.
@@ -168,7 +170,7 @@ async fn apply(
         match (dialect, version) {
             (Dialect::MySql { .. }, 3) => mysql::convert_timestamps(conn, table).await?,
             (Dialect::MySql { .. }, 5) => mysql::add_open_columns(conn, table).await?,
-            (Dialect::MySql { .. }, 8) => mysql::slim_indexes(conn, table).await?,
+            (Dialect::MySql { .. }, 8 | 9) => mysql::slim_indexes(conn, table).await?,
             _ => {}
         }
         let q = if current == 0 && version == 1 {

@@ -266,6 +266,11 @@ async fn column_exists(
 ///   anyway, so the extra column costs no extra write).
 /// - `failed_idx` becomes `(failed_flag, id)`, on a virtual column that is 1 for FAILED rows
 ///   and NULL otherwise: a delivery leaves it NULL, so nothing is written to that index.
+/// - Version 9 (the same function, run again): `open_idx` also gains `next_attempt_at`, so an
+///   idle read finds out whether any unfinished row is due from that index alone
+///   (`SqlStore::anything_due`), instead of reading every waiting row to compare it. Only a
+///   retry's result changes that column of a row still unfinished, so deliveries write
+///   nothing more.
 ///
 /// Whatever is still to do is done by one `ALTER TABLE` (InnoDB builds indexes online), so a
 /// step interrupted half-way is completed by the next run.
@@ -304,7 +309,11 @@ pub(super) async fn slim_indexes(
     }
     for (index, wanted, columns) in [
         ("failed_idx", "failed_flag", "failed_flag, id"),
-        ("open_idx", "created_at", "open_channel, id, created_at"),
+        (
+            "open_idx",
+            "next_attempt_at",
+            "open_channel, id, created_at, next_attempt_at",
+        ),
     ] {
         if !has(index, Some(wanted)) {
             if has(index, None) {

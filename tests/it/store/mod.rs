@@ -397,7 +397,10 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     assert_eq!(complete(&*store, &results).await, 2);
     let (n, rows) = statements_of(&poll(epoch)).await;
     assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
-    assert_eq!(n, 1, "nothing claimable costs one read");
+    // On MySQL the read first asks an index whether any row is due at all; the row due under
+    // a live claim says "maybe", so the picks are read too.
+    let reads = if db == Db::MySql { 2 } else { 1 };
+    assert_eq!(n, reads, "nothing claimable: the reads");
     if let Some(xmax) = xmax {
         assert_eq!(
             lease_xmax().await,
@@ -433,6 +436,11 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     } else {
         assert_eq!(left, Duration::ZERO);
     }
+    // Only rows waiting for a later time: one read (on MySQL, of an index alone, where the
+    // picks would read every waiting row; see `store::engines`).
+    let (n, rows) = statements_of(&poll(epoch)).await;
+    assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
+    assert_eq!(n, 1, "rows waiting for later cost one read");
 
     // Something claimable in each pick: the claim goes on as without the read.
     let due = td.enqueue("hook", "{}", None).await;
