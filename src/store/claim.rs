@@ -191,12 +191,12 @@ impl SqlStore {
         let mut plan = plan(req);
         let pg = self.dialect == Dialect::Postgres;
         let mysql = matches!(self.dialect, Dialect::MySql { .. });
-        if mysql && !self.cols.mapped && !self.anything_due().await? {
+        if mysql && !self.cols.mapped && !super::mysql_claim::anything_due(self).await? {
             return Ok(Probe::Nothing {
                 quiet_for: Duration::ZERO,
             });
         }
-        if matches!(self.dialect, Dialect::MySql { .. }) {
+        if mysql {
             // Any row will do, so no sort: MariaDB 10.11 answered this plain read of the
             // picks of every channel but some, sorted by id, with no rows while due rows were
             // there (under load, with rows changed moments before; docs/design.md,
@@ -256,24 +256,6 @@ impl SqlStore {
             Some(secs) => Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO),
         };
         Ok(Probe::Nothing { quiet_for })
-    }
-
-    /// MySQL/MariaDB, on the relay's own table: whether any unfinished row is due at all
-    /// (claimed or not), read from `open_idx` alone (it holds `next_attempt_at` since schema
-    /// version 9). The idle read asks this first. The picks walk a channel's unfinished rows
-    /// in id order and read each row to compare its `next_attempt_at` (MariaDB checks nothing
-    /// in an index on a virtual column before it reads the row): over 100,000 rows waiting
-    /// for a retry an hour away, each idle read took 74 ms of the server's time, twice a
-    /// second (docs/design.md, "Idle cost"). "No" is final: a row that is not due is not
-    /// claimable. "Yes" promises nothing (the due row may be claimed, or behind its key), so
-    /// the picks are read next. A mapped table's `open_idx` has no `next_attempt_at`.
-    async fn anything_due(&self) -> anyhow::Result<bool> {
-        let (t, now) = (&self.table, self.dialect.now());
-        let sql = format!(
-            "SELECT 1 FROM {t} FORCE INDEX ({t}_open_idx) \
-             WHERE open_channel IS NOT NULL AND next_attempt_at <= {now} LIMIT 1"
-        );
-        Ok(self.sql(&sql).fetch_optional(&self.pool).await?.is_some())
     }
 
     /// PostgreSQL and SQLite: the picks as CTEs, and one `UPDATE ... RETURNING` (MySQL:

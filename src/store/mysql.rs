@@ -268,7 +268,7 @@ async fn column_exists(
 ///   and NULL otherwise: a delivery leaves it NULL, so nothing is written to that index.
 /// - Version 9 (the same function, run again): `open_idx` also gains `next_attempt_at`, so an
 ///   idle read finds out whether any unfinished row is due from that index alone
-///   (`SqlStore::anything_due`), instead of reading every waiting row to compare it. Only a
+///   (`mysql_claim::anything_due`), instead of reading every waiting row to compare it. Only a
 ///   retry's result changes that column of a row still unfinished, so deliveries write
 ///   nothing more.
 ///

@@ -1,5 +1,6 @@
 //! The MySQL/MariaDB claim: a read of the picks, then an `UPDATE` that marks the rows claimed,
-//! in one short transaction (MySQL has no `UPDATE ... RETURNING`).
+//! in one short transaction (MySQL has no `UPDATE ... RETURNING`); and the index-only check
+//! an idle read on MySQL asks first ([`anything_due`]).
 //!
 //! Guarantees, beyond those of every claim (`claim.rs`):
 //! - in leader mode the lease epoch is checked inside the transaction, under a shared lock
@@ -378,6 +379,24 @@ async fn mark_claimed(
         .push(")");
     u.query(store).execute(&mut **tx).await?;
     Ok(())
+}
+
+/// MySQL/MariaDB, on the relay's own table: whether any unfinished row is due at all
+/// (claimed or not), read from `open_idx` alone (it holds `next_attempt_at` since schema
+/// version 9). The idle read asks this first. The picks walk a channel's unfinished rows
+/// in id order and read each row to compare its `next_attempt_at` (MariaDB checks nothing
+/// in an index on a virtual column before it reads the row): over 100,000 rows waiting
+/// for a retry an hour away, each idle read took 74 ms of the server's time, twice a
+/// second (docs/design.md, "Idle cost"). "No" is final: a row that is not due is not
+/// claimable. "Yes" promises nothing (the due row may be claimed, or behind its key), so
+/// the picks are read next. A mapped table's `open_idx` has no `next_attempt_at`.
+pub(super) async fn anything_due(store: &SqlStore) -> anyhow::Result<bool> {
+    let (t, now) = (&store.table, store.dialect.now());
+    let sql = format!(
+        "SELECT 1 FROM {t} FORCE INDEX ({t}_open_idx) \
+         WHERE open_channel IS NOT NULL AND next_attempt_at <= {now} LIMIT 1"
+    );
+    Ok(store.sql(&sql).fetch_optional(&store.pool).await?.is_some())
 }
 
 /// Inside the claim's transaction: whether the lease epoch is still the claimer's, holding a

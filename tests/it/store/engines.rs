@@ -451,7 +451,7 @@ async fn mysql_deliveries_change_two_secondary_indexes() {
         extra.contains("Using index"),
         "reads the table too: {extra}"
     );
-    // As `SqlStore::anything_due` asks it.
+    // As `mysql_claim::anything_due` asks it.
     let (key, extra) = explain(
         "SELECT 1 FROM {t} FORCE INDEX ({t}_open_idx) \
          WHERE open_channel IS NOT NULL AND next_attempt_at <= NOW(6) LIMIT 1",
