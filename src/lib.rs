@@ -20,6 +20,7 @@ pub mod lease;
 pub mod metric;
 pub mod relay;
 pub mod retry;
+pub mod runtime;
 pub mod shutdown;
 pub mod sink;
 pub mod store;

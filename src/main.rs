@@ -18,10 +18,7 @@ fn main() {
     // One process-wide rustls provider before any TLS client is built (reqwest and sqlx are built without one, and rustls needs exactly one per process).
     outbox_relay::install_crypto_provider();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match outbox_relay::runtime::build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

@@ -157,10 +157,7 @@ pub(crate) async fn claim_run_on(
     let statements_before: u64 = stores.iter().map(|s| s.statements()).sum();
     let cpu_before = CpuSnap::take();
     let started = Instant::now();
-    let tasks: Vec<_> = relays
-        .into_iter()
-        .map(|relay| tokio::spawn(relay.run()))
-        .collect();
+    let tasks: Vec<_> = relays.into_iter().map(spawn_relay_task).collect();
 
     let deadline = started + CLAIM_RUN_LIMIT;
     let mut half_at: Option<Duration> = None;

@@ -80,7 +80,7 @@ async fn latency_run_on(
     let _stop = shutdown.clone().drop_guard();
     let (relay, _store, _) =
         assemble(db, url, table, "latency", &config, dir.path(), &shutdown).await?;
-    let task = tokio::spawn(relay.run());
+    let task = spawn_relay_task(relay);
     let app = Arc::new(SqlStore::connect(url, table, INSERTERS, Duration::from_secs(5)).await?);
     // Warm-up, not measured: a few rows through the fresh relay until they arrive. (A relay
     // just started delivers its first rows up to about 100 ms late on PostgreSQL while its
@@ -216,7 +216,7 @@ async fn under_backlog_run_on(
     receiver.take_arrivals();
     let (relay, _store, _) =
         assemble(db, url, table, "backlog", &config, dir.path(), &shutdown).await?;
-    let task = tokio::spawn(relay.run());
+    let task = spawn_relay_task(relay);
     let mut arrived: HashMap<i64, Instant> = HashMap::new();
     let deadline = Instant::now() + ARRIVAL_LIMIT;
     while arrived.len() < backlog / 4 {

@@ -133,7 +133,7 @@ pub(crate) async fn relay_run_on(
     let statements_before = store.statements();
     let cpu_before = CpuSnap::take();
     let started = Instant::now();
-    let task = tokio::spawn(relay.run());
+    let task = spawn_relay_task(relay);
 
     // Watch the receiver (free), then confirm in the database (cheap, a few queries).
     let deadline = started + RELAY_RUN_LIMIT;

@@ -220,6 +220,20 @@ impl Drop for NodeReceiver {
 }
 
 /// A unique table name for one run.
+/// The runtime the relays under test run on, built as the binary builds its own
+/// (`outbox_relay::runtime::build`: one worker fewer than the cores, the last left to the
+/// database thread), so that their figures are the binary's. The bench's own work (the
+/// in-process receiver, the ceiling's client, the watching) stays on the bench's runtime.
+fn relay_runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RUNTIME.get_or_init(|| outbox_relay::runtime::build().expect("the relay's runtime"))
+}
+
+/// Starts a relay under test on [`relay_runtime`].
+fn spawn_relay_task(relay: Relay) -> tokio::task::JoinHandle<()> {
+    relay_runtime().spawn(relay.run())
+}
+
 fn unique_table(tag: &str) -> String {
     support::unique_table(&format!("bench_{tag}"))
 }
