@@ -922,3 +922,32 @@ fn dashboard_is_json_and_its_queries_parse() {
     std::fs::write(dir.path().join("dashboard.yml"), rules).unwrap();
     run_promtool(dir.path(), &["check", "rules", "dashboard.yml"]);
 }
+
+/// A `database.url` naming an SQLite file that does not exist: SQLite opens existing files
+/// only unless told `mode=rwc`, and the error says so (and creates nothing); with `mode=rwc`
+/// the same verb creates and migrates the file.
+#[tokio::test]
+async fn a_missing_sqlite_file_is_an_error_that_names_mode_rwc() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("not-yet.db");
+    let url = format!("sqlite://{}", path.display());
+    let run = |url: String| {
+        let mut cmd = Command::new(relay_bin());
+        cmd.current_dir(dir.path())
+            .env("OUTBOX_RELAY__DATABASE__URL", url)
+            .arg("status");
+        async move { run_to_end("outbox-relay status", &mut cmd, Duration::from_secs(60)).await }
+    };
+    let o = run(url.clone()).await;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("?mode=rwc") && err.contains("database.url"),
+        "{err}"
+    );
+    assert!(!path.exists(), "a failed open created {}", path.display());
+
+    let o = run(format!("{url}?mode=rwc")).await;
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(path.exists());
+}
