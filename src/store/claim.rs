@@ -191,7 +191,15 @@ impl SqlStore {
         let mut plan = plan(req);
         let pg = self.dialect == Dialect::Postgres;
         let mysql = matches!(self.dialect, Dialect::MySql { .. });
-        if mysql && !self.cols.mapped && !super::mysql_claim::anything_due(self).await? {
+        // MySQL and SQLite, on the relay's own table: an index alone says first whether any
+        // unfinished row may be due at all (a mapped table has no such index).
+        let maybe_due = match self.dialect {
+            _ if self.cols.mapped => true,
+            Dialect::MySql { .. } => super::mysql_claim::anything_due(self).await?,
+            Dialect::Sqlite => super::sqlite::anything_due(self).await,
+            Dialect::Postgres => true,
+        };
+        if !maybe_due {
             return Ok(Probe::Nothing {
                 quiet_for: Duration::ZERO,
             });

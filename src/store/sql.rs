@@ -51,6 +51,9 @@ pub struct SqlStore {
     /// queue here instead of colliding on the database's single write lock, where the loser
     /// sleeps in SQLite's busy handler for 1 ms or more (docs/design.md, "SQLite writers").
     pub(super) sqlite_writer: Option<tokio::sync::Mutex<()>>,
+    /// SQLite only: when an idle read last read the picks themselves, not only the index of
+    /// due times (see `sqlite::anything_due`).
+    pub(super) full_read_at: Mutex<Option<std::time::Instant>>,
 }
 
 pub(super) type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
@@ -272,6 +275,7 @@ impl SqlStore {
             statements: AtomicU64::new(0),
             cols: Columns::default(),
             sqlite_writer: (dialect == Dialect::Sqlite).then(|| tokio::sync::Mutex::new(())),
+            full_read_at: Mutex::new(None),
         })
     }
 
