@@ -390,29 +390,33 @@ impl SqlStore {
     }
 }
 
-/// Opens up to `n` connections of `pool` side by side and leaves them idle in it (see
-/// [`SqlStore::warm`]). Fails only when none could be opened.
-/// SQLite's "unable to open database file" (`SQLITE_CANTOPEN`, 14) for a URL without a
-/// `mode`: SQLite opens an existing file only, unless told `mode=rwc`. The error then says
-/// how to have the file created (the embedded default's URL does), instead of leaving a user
-/// who pointed `database.url` at a new path to guess.
+/// SQLite's "unable to open database file" (`SQLITE_CANTOPEN`, 14), said so that a user can
+/// act on it: for a URL without a `mode`, SQLite opens an existing file only, unless told
+/// `mode=rwc` (the embedded default's URL is); with one, the likely cause is a directory
+/// that does not exist, which SQLite never creates.
 fn sqlite_open_hint(e: anyhow::Error, url: &str) -> anyhow::Error {
     let cannot_open = e
         .downcast_ref::<sqlx::Error>()
         .and_then(|e| e.as_database_error())
         .and_then(|d| d.code())
         .is_some_and(|code| code == "14");
-    if cannot_open && !url.contains("mode=") {
-        e.context(
+    match (cannot_open, url.contains("mode=")) {
+        (true, false) => e.context(
             "unable to open the SQLite database file: if it does not exist yet, add \
              `?mode=rwc` to database.url to have it created; otherwise check the path and its \
              permissions",
-        )
-    } else {
-        e
+        ),
+        // SQLite creates the file, never its directory.
+        (true, true) => e.context(
+            "unable to open the SQLite database file: check that the directory in \
+             database.url exists and is writable",
+        ),
+        (false, _) => e,
     }
 }
 
+/// Opens up to `n` connections of `pool` side by side and leaves them idle in it (see
+/// [`SqlStore::warm`]). Fails only when none could be opened.
 async fn open_side_by_side(pool: &AnyPool, n: u32) -> anyhow::Result<()> {
     // More openers than the pool allows would wait for one another until the acquire
     // timeout.

@@ -96,36 +96,38 @@ pub(super) async fn anything_due(store: &SqlStore) -> bool {
         Ok(at) => full_read_due(*at, now),
         Err(_) => true,
     };
-    let due = read_anyway
-        || {
-            let (t, now) = (&store.table, store.dialect.now());
-            // Two seeks, each of one range: with the two ranges in one OR, SQLite scanned the
-            // whole index.
-            let seek = |range: &str| {
-                format!(
-                    "SELECT 1 FROM (SELECT 1 FROM {t} INDEXED BY {t}_next_attempt_idx \
-                 WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at {range} LIMIT 1)"
-                )
-            };
-            let sql = format!(
-                "{} UNION ALL {} LIMIT 1",
-                seek(&format!("<= {now}")),
-                seek(">= '9999'")
-            );
-            match store.sql(&sql).fetch_optional(&store.pool).await {
-                Ok(row) => row.is_some(),
-                // No answer is no "no": the picks are read, and say what is wrong if anything is
-                // (a table below version 10, with `database.migrate = false`, lacks the index).
-                Err(e) => {
-                    tracing::debug!(error = %e, "the index of due times could not be read; reading the picks");
-                    true
-                }
-            }
-        };
+    let due = read_anyway || seek_due(store).await;
     if due && let Ok(mut at) = store.full_read_at.lock() {
         *at = Some(now);
     }
     due
+}
+
+/// The two seeks of [`anything_due`]: whether `next_attempt_idx` holds a time that has come,
+/// or a value from `'9999'` up.
+async fn seek_due(store: &SqlStore) -> bool {
+    let (t, now) = (&store.table, store.dialect.now());
+    // Each seek is one range: with the two ranges in one OR, SQLite scanned the whole index.
+    let seek = |range: &str| {
+        format!(
+            "SELECT 1 FROM (SELECT 1 FROM {t} INDEXED BY {t}_next_attempt_idx \
+             WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at {range} LIMIT 1)"
+        )
+    };
+    let sql = format!(
+        "{} UNION ALL {} LIMIT 1",
+        seek(&format!("<= {now}")),
+        seek(">= '9999'")
+    );
+    match store.sql(&sql).fetch_optional(&store.pool).await {
+        Ok(row) => row.is_some(),
+        // No answer is no "no": the picks are read, and say what is wrong if anything is (a
+        // table below version 10, with `database.migrate = false`, lacks the index).
+        Err(e) => {
+            tracing::debug!(error = %e, "the index of due times could not be read; reading the picks");
+            true
+        }
+    }
 }
 
 /// Whether the picks are to be read whatever the index says: never read yet, or not for

@@ -925,7 +925,8 @@ fn dashboard_is_json_and_its_queries_parse() {
 
 /// A `database.url` naming an SQLite file that does not exist: SQLite opens existing files
 /// only unless told `mode=rwc`, and the error says so (and creates nothing); with `mode=rwc`
-/// the same verb creates and migrates the file.
+/// in a directory that does not exist, the error names the directory; with `mode=rwc` in one
+/// that does, the same verb creates and migrates the file.
 #[tokio::test]
 async fn a_missing_sqlite_file_is_an_error_that_names_mode_rwc() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -946,6 +947,17 @@ async fn a_missing_sqlite_file_is_an_error_that_names_mode_rwc() {
         "{err}"
     );
     assert!(!path.exists(), "a failed open created {}", path.display());
+
+    // With mode=rwc, in a directory that does not exist: SQLite creates files, not
+    // directories.
+    let o = run(format!(
+        "sqlite://{}?mode=rwc",
+        dir.path().join("no-such-dir").join("x.db").display()
+    ))
+    .await;
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("directory"), "{err}");
 
     let o = run(format!("{url}?mode=rwc")).await;
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
