@@ -219,7 +219,6 @@ impl Drop for NodeReceiver {
     }
 }
 
-/// A unique table name for one run.
 /// The runtime the relays under test run on, built as the binary builds its own
 /// (`outbox_relay::runtime::build`: one worker fewer than the cores, the last left to the
 /// database thread), so that their figures are the binary's. The bench's own work (the
@@ -234,6 +233,7 @@ fn spawn_relay_task(relay: Relay) -> tokio::task::JoinHandle<()> {
     relay_runtime().spawn(relay.run())
 }
 
+/// A unique table name for one run.
 fn unique_table(tag: &str) -> String {
     support::unique_table(&format!("bench_{tag}"))
 }
