@@ -15,9 +15,20 @@
 //!   finishes (the next row of its key may now be due) or a row is given back, the floor is
 //!   lowered to that row's id; and the floor never passes a keyed row this store still has in
 //!   flight;
-//! - everything else that comes due below a floor (a retry's backoff ending, a claim of a
-//!   crashed instance expiring) is found by a claim from the start of the index at least every
-//!   [`FULL_WALK_EVERY`]; a floor never makes a row wait longer than that.
+//! - everything else that comes due below a floor is found by a *full walk*, a claim (or an
+//!   idle read) from the start of the index: a retry or a delayed give-back of this store's
+//!   own rows when it comes due (at most [`FULL_WALK_EVERY`] later when several come due
+//!   close together); what the store cannot know of (another instance's retry, a crashed
+//!   instance's claim expiring, a row whose transaction committed late) within the walk
+//!   period: [`WALK_COST_SHARE`] times as long as the last walk took, at least
+//!   [`FULL_WALK_EVERY`], at most [`FULL_WALK_LONGEST`]. A floor never makes a row wait longer
+//!   than that.
+//!
+//! Why the period follows the walk's cost: a full walk passes every unfinished row below the
+//! floors, and after a sink's outage those can be 100,000 retries waiting for later. MariaDB
+//! reads each: a walk took 0.25 s there, and walked every 500 ms they cost a drain behind them
+//! 0.52-0.70x of its rows/s (docs/design.md, "Floors"). Where a walk is cheap, as over few
+//! waiting rows, it is still made every 500 ms.
 //!
 //! The state is per store, and so per relay loop: in claim mode each instance keeps its own.
 
@@ -27,9 +38,20 @@ use std::time::{Duration, Instant};
 
 use super::{ClaimedRow, Completion, Resolution};
 
-/// How often a claim ignores the floors and walks each channel's index from its lowest id
-/// (the relay's default `poll_interval`, the cadence at which retries come back anyway).
+/// The shortest period of the full walk, a claim that ignores the floors and walks each
+/// channel's index from its lowest id (the relay's default `poll_interval`).
 pub const FULL_WALK_EVERY: Duration = Duration::from_millis(500);
+/// The longest period of the full walk: the longest a row this store cannot know of waits
+/// below a floor.
+pub const FULL_WALK_LONGEST: Duration = Duration::from_secs(5);
+/// The walk period is this many times the last walk's duration (within [`FULL_WALK_EVERY`]
+/// and [`FULL_WALK_LONGEST`]): walks take at most a twentieth of the time, unless one takes
+/// longer than [`FULL_WALK_LONGEST`] / 20 (250 ms).
+const WALK_COST_SHARE: u32 = 20;
+/// How many due times of this store's own retries and delayed give-backs are remembered for
+/// their walks (at most one per [`FULL_WALK_EVERY`]: with the default `max_backoff` of 300 s,
+/// 600). Beyond it, a row waits for the periodic walk.
+const DUE_REMEMBERED: usize = 10_000;
 /// How long a floor learnt from a claim that ran out of rows waits before it is used. Ids are
 /// handed out when rows are inserted, not when their transactions commit, so a row with a
 /// lower id can still appear after a claim looked: with no backlog, a floor is used only once
@@ -40,12 +62,94 @@ pub const COMMIT_GRACE: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(super) struct Cursors(Mutex<State>);
 
-#[derive(Default)]
 struct State {
     channels: HashMap<String, Channel>,
     /// Rows claimed and not yet completed: (channel, has an ordering key).
     in_flight: HashMap<i64, (String, bool)>,
     last_full_walk: Option<Instant>,
+    /// The period of the full walk now (see [`WALK_COST_SHARE`]).
+    walk_every: Duration,
+    /// When rows this store sent back for later (a retry, a delayed give-back) come due: a
+    /// full walk is made at each.
+    due: BTreeSet<Instant>,
+    /// When the full walk in progress was planned: its duration sets the next period.
+    walking: Option<Instant>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            channels: HashMap::new(),
+            in_flight: HashMap::new(),
+            last_full_walk: None,
+            walk_every: FULL_WALK_EVERY,
+            due: BTreeSet::new(),
+            walking: None,
+        }
+    }
+}
+
+impl State {
+    /// Each channel's floor now (the settled ones that waited out [`COMMIT_GRACE`] included);
+    /// `planned`: for a claim that uses them, whose results may raise them again.
+    fn current(&mut self, now: Instant, planned: bool) -> Floors {
+        self.channels
+            .iter_mut()
+            .filter_map(|(name, c)| {
+                if planned {
+                    c.lowered = false;
+                }
+                while let Some(&(at, f)) = c.settling.front() {
+                    if now.duration_since(at) < COMMIT_GRACE {
+                        break;
+                    }
+                    c.settling.pop_front();
+                    c.floor = Some(c.floor.map_or(f, |old| old.max(f)));
+                }
+                let keyed = c.keyed.first().map(|k| k - 1);
+                let floor = c.floor.map(|f| keyed.map_or(f, |k| f.min(k)));
+                floor.map(|f| (name.clone(), f))
+            })
+            .collect()
+    }
+
+    /// Whether the next read should be a full walk.
+    fn walk_due(&self, now: Instant) -> bool {
+        self.last_full_walk
+            .is_none_or(|t| now.duration_since(t) >= self.walk_every)
+            || self.due.first().is_some_and(|d| *d <= now)
+    }
+
+    /// A full walk that looked at `at`: the due times it served are forgotten.
+    fn walked(&mut self, at: Instant) {
+        self.last_full_walk = Some(at);
+        while self.due.first().is_some_and(|d| *d <= at) {
+            self.due.pop_first();
+        }
+    }
+
+    /// After a full walk that took `took` (planned, read, and the claim's rows recorded).
+    fn walk_took(&mut self, took: Duration) {
+        self.walk_every = took
+            .saturating_mul(WALK_COST_SHARE)
+            .clamp(FULL_WALK_EVERY, FULL_WALK_LONGEST);
+    }
+
+    /// A row of this store's comes due `delay` after `now`: a walk then, unless one is
+    /// already planned for at most [`FULL_WALK_EVERY`] later. (A delay too long for the clock,
+    /// from a receiver's `Retry-After`, is left to the periodic walk.)
+    fn remember_due(&mut self, now: Instant, delay: Duration) {
+        let Some(at) = now.checked_add(delay) else {
+            return;
+        };
+        let planned = match at.checked_add(FULL_WALK_EVERY) {
+            Some(until) => self.due.range(at..=until).next().is_some(),
+            None => self.due.range(at..).next().is_some(),
+        };
+        if !planned && self.due.len() < DUE_REMEMBERED {
+            self.due.insert(at);
+        }
+    }
 }
 
 #[derive(Default)]
@@ -68,48 +172,56 @@ pub(super) type Floors = HashMap<String, i64>;
 impl Cursors {
     /// The floors for the next claim.
     pub(super) fn plan(&self) -> Floors {
-        self.floors(true)
+        self.floors(true).0
     }
 
-    /// The floors for a read that decides whether to claim (the idle read, `Queue::probe`):
-    /// as [`Cursors::plan`], but a full walk that is due is left to the claim. Had the read
-    /// taken it, a row it found below a floor (a claim of a killed instance expired) would
-    /// make it say "claim", and the claim, with the floors, would miss that row: read and
-    /// claim again at every poll, and never claim it.
-    pub(super) fn peek(&self) -> Floors {
+    /// The floors for a read that decides whether to claim (the idle read, `Queue::probe`),
+    /// and, when they are a full walk's (none), the time it was planned, for
+    /// [`Cursors::read_nothing`]. As [`Cursors::plan`], but a full walk that is due is left to
+    /// the claim. Had the read taken it, a row it found below a floor (a claim of a killed
+    /// instance expired) would make it say "claim", and the claim, with the floors, would miss
+    /// that row: read and claim again at every poll, and never claim it.
+    pub(super) fn peek(&self) -> (Floors, Option<Instant>) {
         self.floors(false)
     }
 
+    /// A read planned at `at` with no floors found nothing claimable: it did what a full walk
+    /// does, and counts as one (so an idle relay does not walk every row waiting for later
+    /// at every poll).
+    pub(super) fn read_nothing(&self, at: Instant) {
+        let mut s = self.lock();
+        if s.last_full_walk.is_some_and(|t| t >= at) {
+            return;
+        }
+        s.walked(at);
+        s.walk_took(at.elapsed());
+    }
+
+    /// A full walk now, and the next one `period` away, as a walk that took a twentieth of it
+    /// would leave them (see [`super::SqlStore::hold_full_walks`]).
+    pub(super) fn hold_walks(&self, period: Duration) {
+        let mut s = self.lock();
+        s.walked(Instant::now());
+        s.walk_every = period;
+    }
+
     /// [`Cursors::plan`] (`take_walk`: for a claim) or [`Cursors::peek`].
-    fn floors(&self, take_walk: bool) -> Floors {
+    fn floors(&self, take_walk: bool) -> (Floors, Option<Instant>) {
         let mut s = self.lock();
         let now = Instant::now();
-        if s.last_full_walk
-            .is_none_or(|t| now.duration_since(t) >= FULL_WALK_EVERY)
-        {
-            if take_walk {
-                s.last_full_walk = Some(now);
-            }
-            return Floors::new();
+        let walk = s.walk_due(now);
+        let floors = s.current(now, take_walk && !walk);
+        if take_walk {
+            s.walking = None;
         }
-        s.channels
-            .iter_mut()
-            .filter_map(|(name, c)| {
-                if take_walk {
-                    c.lowered = false;
-                }
-                while let Some(&(at, f)) = c.settling.front() {
-                    if now.duration_since(at) < COMMIT_GRACE {
-                        break;
-                    }
-                    c.settling.pop_front();
-                    c.floor = Some(c.floor.map_or(f, |old| old.max(f)));
-                }
-                let keyed = c.keyed.first().map(|k| k - 1);
-                let floor = c.floor.map(|f| keyed.map_or(f, |k| f.min(k)));
-                floor.map(|f| (name.clone(), f))
-            })
-            .collect()
+        if !walk {
+            return (floors, None);
+        }
+        if take_walk {
+            s.walked(now);
+            s.walking = Some(now);
+        }
+        (Floors::new(), Some(now))
     }
 
     /// After a claim: `picked` is, per channel, (its budget, how much of it the newest pick
@@ -118,9 +230,14 @@ impl Cursors {
     /// lowest row returned was returned: that row is the new floor (a backlog: used at once).
     /// When fewer came back, the oldest pick ran out, and the highest row returned will be
     /// the floor after [`COMMIT_GRACE`]. Nothing returned: the floor stays.
+    ///
+    /// After a full walk, its duration sets the walk period.
     pub(super) fn claimed(&self, picked: &[(&str, u32, u32)], rows: &[ClaimedRow]) {
         let now = Instant::now();
         let mut s = self.lock();
+        if let Some(planned) = s.walking.take() {
+            s.walk_took(now.duration_since(planned));
+        }
         for r in rows {
             s.in_flight.insert(
                 r.delivery.id,
@@ -161,13 +278,23 @@ impl Cursors {
 
     /// After results were written: rows that may have made others claimable below a floor
     /// (a keyed row finished, so the next of its key may be due; a row given back) lower
-    /// their channel's floor to themselves.
+    /// their channel's floor to themselves; rows sent back for later have a full walk
+    /// planned for when they come due.
     pub(super) fn completed(&self, done: &[Completion]) {
+        // Read after the results were written: the database set each row's due time from its
+        // own clock before now, so this store's clock reaches it no earlier.
+        let now = Instant::now();
         let mut s = self.lock();
         for d in done {
             let Some((channel, keyed)) = s.in_flight.remove(&d.id) else {
                 continue;
             };
+            match d.resolution {
+                Resolution::Retry { delay, .. } => s.remember_due(now, delay),
+                // A row given back for now is under the lowered floor below.
+                Resolution::Release { delay, .. } if !delay.is_zero() => s.remember_due(now, delay),
+                _ => {}
+            }
             let released = matches!(d.resolution, Resolution::Release { .. });
             let c = s.channels.entry(channel.clone()).or_default();
             if keyed {
@@ -304,7 +431,7 @@ mod tests {
         c.claimed(&[("a", 2, 0)], &[row(100, "a", None), row(101, "a", None)]);
         assert_eq!(c.plan().get("a"), Some(&101));
         // Retries below the floor came due; a full walk takes the first budget of them.
-        c.lock().last_full_walk = Some(Instant::now() - FULL_WALK_EVERY);
+        period_passed(&c);
         assert!(c.plan().is_empty());
         c.claimed(&[("a", 2, 0)], &[row(10, "a", None), row(11, "a", None)]);
         assert_eq!(
@@ -314,12 +441,104 @@ mod tests {
         );
     }
 
+    /// Makes the full walk due by its period.
+    fn period_passed(c: &Cursors) {
+        let mut s = c.lock();
+        s.last_full_walk = Some(Instant::now() - s.walk_every);
+    }
+
+    #[test]
+    fn the_walk_period_is_twenty_times_the_last_walks_duration_within_bounds() {
+        let c = walked();
+        c.claimed(&[("a", 2, 0)], &[row(100, "a", None), row(101, "a", None)]);
+        let mut periods = Vec::new();
+        for took in [10, 100, 200, 1000, 0] {
+            period_passed(&c);
+            assert!(c.plan().is_empty(), "a full walk");
+            c.lock().walking = Some(Instant::now() - Duration::from_millis(took));
+            c.claimed(&[("a", 2, 0)], &[]);
+            periods.push(c.lock().walk_every.as_millis() / 100 * 100);
+        }
+        assert_eq!(periods, [500, 2000, 4000, 5000, 500]);
+        // Between walks the floors are used.
+        assert_eq!(c.plan().get("a"), Some(&101));
+        // An idle read that did the walk's reading: its own duration.
+        period_passed(&c);
+        let (_, full) = c.peek();
+        c.read_nothing(full.expect("due") - Duration::from_millis(150));
+        assert_eq!(c.lock().walk_every.as_millis() / 100, 30);
+    }
+
+    #[test]
+    fn a_retry_of_this_stores_own_has_a_full_walk_when_it_comes_due() {
+        let c = walked();
+        c.claimed(
+            &[("a", 3, 0)],
+            &[row(1, "a", None), row(2, "a", None), row(3, "a", None)],
+        );
+        c.lock().walk_every = FULL_WALK_LONGEST;
+        let retry = |ms| Resolution::Retry {
+            delay: Duration::from_millis(ms),
+            error: "503".into(),
+        };
+        // A walk planned for a row due at most FULL_WALK_EVERY later serves one due first.
+        c.completed(&[done(2, retry(80)), done(1, retry(60))]);
+        assert_eq!(c.lock().due.len(), 1, "one walk serves both");
+        assert_eq!(c.plan().get("a"), Some(&3), "not due yet");
+        std::thread::sleep(Duration::from_millis(90));
+        assert!(c.plan().is_empty(), "rows 1 and 2 are due: a full walk");
+        assert!(c.lock().due.is_empty());
+        assert_eq!(c.plan().get("a"), Some(&3), "one walk per due time");
+        // A delayed give-back too; one for now is under its lowered floor instead.
+        c.completed(&[done(
+            3,
+            Resolution::Release {
+                delay: Duration::from_secs(60),
+                error: None,
+            },
+        )]);
+        assert_eq!(c.lock().due.len(), 1);
+    }
+
+    #[test]
+    fn a_delay_too_long_for_the_clock_is_left_to_the_periodic_walk() {
+        let c = walked();
+        c.claimed(&[("a", 1, 0)], &[row(1, "a", None)]);
+        let forever = Resolution::Retry {
+            delay: Duration::MAX,
+            error: "Retry-After: a very long time".into(),
+        };
+        c.completed(&[done(1, forever)]);
+        assert!(c.lock().due.is_empty());
+    }
+
+    #[test]
+    fn an_idle_read_with_no_floors_that_found_nothing_counts_as_a_full_walk() {
+        let c = walked();
+        c.claimed(&[("a", 1, 0)], &[row(5, "a", None)]);
+        period_passed(&c);
+        let (floors, full) = c.peek();
+        assert!(floors.is_empty());
+        let at = full.expect("the walk is due");
+        assert!(c.peek().1.is_some(), "a read does not take the walk");
+        c.read_nothing(at);
+        let (floors, full) = c.peek();
+        assert_eq!((floors.get("a"), full), (Some(&5), None));
+        // A claim that walked after the read was planned is not undone by it.
+        period_passed(&c);
+        let (_, full) = c.peek();
+        assert!(c.plan().is_empty());
+        let walked_at = c.lock().last_full_walk;
+        c.read_nothing(full.expect("due"));
+        assert_eq!(c.lock().last_full_walk, walked_at);
+    }
+
     #[test]
     fn every_full_walk_period_a_claim_ignores_the_floors() {
         let c = walked();
         c.claimed(&[("a", 1, 0)], &[row(40, "a", None)]);
         assert_eq!(c.plan().get("a"), Some(&40));
-        c.lock().last_full_walk = Some(Instant::now() - FULL_WALK_EVERY);
+        period_passed(&c);
         assert!(c.plan().is_empty());
         assert_eq!(c.plan().get("a"), Some(&40), "the floor itself is kept");
     }

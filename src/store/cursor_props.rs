@@ -249,12 +249,19 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 full_walk,
                 meanwhile,
             } => {
-                // The full walk is due when FULL_WALK_EVERY has passed since the last one.
-                cursors.lock().last_full_walk = Some(if full_walk {
-                    Instant::now() - FULL_WALK_EVERY
-                } else {
-                    Instant::now()
-                });
+                // The full walk is due when its period has passed since the last one, or a
+                // retry of this store's comes due (those walks are the unit tests'; here the
+                // model's retries come due when `ComeDue` says, so they are forgotten).
+                {
+                    let mut s = cursors.lock();
+                    let every = s.walk_every;
+                    s.last_full_walk = Some(if full_walk {
+                        Instant::now() - every
+                    } else {
+                        Instant::now()
+                    });
+                    s.due.clear();
+                }
                 // Only rows of earlier claims can finish while this one runs: the relay has
                 // this claim's rows only once the store has recorded them.
                 let earlier = model.ids_where(Where::Ours);

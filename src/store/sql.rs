@@ -306,6 +306,14 @@ impl SqlStore {
         &self.pool
     }
 
+    /// For tests: makes the next periodic full walk of the floors `period` away, as after a
+    /// walk that took a twentieth of it (a walk past many rows waiting for later). Walks
+    /// planned for this store's own retries still happen when they come due.
+    #[doc(hidden)]
+    pub fn hold_full_walks(&self, period: Duration) {
+        self.cursors.hold_walks(period);
+    }
+
     /// Statements sent so far (see the field).
     pub fn statements(&self) -> u64 {
         self.statements.load(Ordering::Relaxed)
@@ -550,7 +558,12 @@ impl Queue for SqlStore {
                     quiet_for: Duration::ZERO,
                 });
             }
-            self.probe_picks(req, &self.cursors.peek()).await
+            let (floors, full_walk) = self.cursors.peek();
+            let probe = self.probe_picks(req, &floors).await?;
+            if let (Some(at), Probe::Nothing { .. }) = (full_walk, &probe) {
+                self.cursors.read_nothing(at);
+            }
+            Ok(probe)
         })
     }
 }

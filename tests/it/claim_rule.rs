@@ -10,7 +10,7 @@
 //! - a result is written exactly when the model says the claim token is still the row's;
 //! - the rows of each key are finished in id order;
 //! - at the end, with nothing else happening, repeated claims finish every row (the floors
-//!   skip nothing for longer than `FULL_WALK_EVERY`).
+//!   skip nothing for longer than the longest full-walk period, `FULL_WALK_LONGEST`).
 //!
 //! Mostly on SQLite, where a case takes milliseconds and proptest can try many; a few cases on
 //! PostgreSQL and MySQL/MariaDB, whose claims differ (`SKIP LOCKED`; MySQL's locking read).
@@ -283,7 +283,8 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
         }
     }
     // Quiet now: the claimers finish what they hold, then claim and deliver until nothing is
-    // left. A row a floor skipped is found by the next full walk, within FULL_WALK_EVERY.
+    // left. A row a floor skipped is found by the next full walk, at most FULL_WALK_LONGEST
+    // (5 s) away.
     for (c, rows) in held.iter_mut().enumerate() {
         for (id, token) in rows.drain(..) {
             let want = apply(&mut model, id, &token, How::Success);
@@ -299,7 +300,7 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
             prop_assert_eq!(written, u64::from(want));
         }
     }
-    let until = Instant::now() + Duration::from_secs(3);
+    let until = Instant::now() + Duration::from_secs(7);
     while model.rows.values().any(|r| !r.finished) {
         prop_assert!(
             Instant::now() < until,

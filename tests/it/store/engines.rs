@@ -111,16 +111,6 @@ async fn lockable(td: &TestDb, id: i64) -> bool {
     free
 }
 
-/// A claim-mode request for up to `n` rows of channel `hook`.
-fn hook_request(n: u32, claimer: &str) -> ClaimRequest {
-    let mut req = request(n, LONG, claimer, None);
-    req.budgets = Some(Budgets {
-        channels: vec![("hook".into(), n)],
-        others: None,
-    });
-    req
-}
-
 /// MySQL/MariaDB, claim mode: a claim locks only the rows it returns. Its picks walk past
 /// retries not yet due, rows under another instance's live claim and a row behind an earlier
 /// one of its ordering key; while the claim's transaction is open (slowed by a trigger),

@@ -16,6 +16,7 @@ use sqlx::Row;
 
 mod engines;
 mod idle;
+mod walks;
 
 fn token() -> Arc<str> {
     outbox_relay::random_token().into()
@@ -46,6 +47,16 @@ async fn claim(
     let req = request(limit, ttl, claimer, fence);
     let rows = bounded("claim", store.claim(&req)).await;
     (req, rows)
+}
+
+/// A claim-mode request for up to `n` rows of channel `hook`.
+fn hook_request(n: u32, claimer: &str) -> ClaimRequest {
+    let mut req = request(n, LONG, claimer, None);
+    req.budgets = Some(Budgets {
+        channels: vec![("hook".into(), n)],
+        others: None,
+    });
+    req
 }
 
 fn ids(rows: &[ClaimedRow]) -> Vec<i64> {
@@ -474,8 +485,9 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
 
 per_db!(an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claiming_it);
 /// A claim of an instance that died expires below this store's floor (the rows lie under
-/// its picks' starting point): only a claim that walks from the start finds them, every
-/// `FULL_WALK_EVERY`. The idle read before it must leave that walk to the claim: when the
+/// its picks' starting point): only a read that walks from the start finds them, at the
+/// next full walk (at most `FULL_WALK_LONGEST`, 5 s, away; 500 ms here, where walks are
+/// cheap). The idle read before it must leave that walk to the claim: when the
 /// read took it, it said "claim", the claim with the floors found nothing, and so on at
 /// every poll (a relay holding the lease and delivering nothing, in a chaos run).
 async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claiming_it(db: Db) {
@@ -500,11 +512,14 @@ async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claim
     assert_eq!(ids(&taken), rows);
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let req = poll();
-    assert_eq!(
-        bounded("probe", store.probe(&req)).await,
-        Probe::Claimable,
-        "the expired claims"
-    );
+    let started = std::time::Instant::now();
+    while bounded("probe", store.probe(&req)).await != Probe::Claimable {
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "the idle reads never found the expired claims"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let again = bounded("claim", store.claim(&req)).await;
     assert_eq!(
         ids(&again),
@@ -1355,14 +1370,7 @@ async fn rows_due_again_below_the_floor_are_claimed_within_a_full_walk(db: Db) {
     let store = td.store.clone();
     td.insert("hook", (0..12).map(|_| (None, "{}".to_string())))
         .await;
-    let budget = |n: u32| {
-        let mut req = request(n, LONG, "a", None);
-        req.budgets = Some(Budgets {
-            channels: vec![("hook".into(), n)],
-            others: None,
-        });
-        req
-    };
+    let budget = |n: u32| hook_request(n, "a");
     let first = budget(4);
     let rows = bounded("claim", store.claim(&first)).await;
     assert_eq!(rows.len(), 4);
