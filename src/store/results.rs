@@ -212,6 +212,15 @@ impl SqlStore {
             }
         }
         q.push(" WHERE ");
+        // PostgreSQL: every id once more, outside the `OR`, for the primary key to find the
+        // rows by. An `OR` of conditions is found through indexes only by a bitmap scan, and
+        // the relay's sessions plan none there ("No bitmap scans").
+        let pg_ids = d == Dialect::Postgres && by_token.len() > 1;
+        if pg_ids {
+            q.push(&format!("{id} IN ("))
+                .ints(rows.iter().map(|c| c.id))
+                .push(") AND (");
+        }
         for (i, (token, ids)) in by_token.into_iter().enumerate() {
             if i > 0 {
                 q.push(" OR ");
@@ -221,6 +230,9 @@ impl SqlStore {
                 .push(&format!(" AND {id} IN ("))
                 .ints(ids)
                 .push("))");
+        }
+        if pg_ids {
+            q.push(")");
         }
         q
     }

@@ -218,6 +218,19 @@ impl SqlStore {
                              WHERE current_setting('plan_cache_mode') = 'auto'",
                         )
                         .await;
+                    // No bitmap scans (docs/design.md, "No bitmap scans"): every read of the
+                    // relay's is an ordered walk of an index with a `LIMIT`, or a lookup by
+                    // key, and a bitmap scan reads every match before it returns the first.
+                    // Planned on statistics older than a backlog (a table filled since its
+                    // last ANALYZE), the newest pick read its channel's whole backlog that
+                    // way at every claim. Only where the setting is at its default.
+                    let _ = conn
+                        .execute(
+                            "SELECT set_config('enable_bitmapscan', 'off', false) \
+                             FROM pg_settings WHERE name = 'enable_bitmapscan' \
+                             AND source = 'default'",
+                        )
+                        .await;
                     Ok(())
                 })
             }),
