@@ -18,7 +18,9 @@
 //! - everything else that comes due below a floor is found by a *full walk*, a claim (or an
 //!   idle read) from the start of the index: a retry or a delayed give-back of this store's
 //!   own rows when it comes due (at most [`FULL_WALK_EVERY`] later when several come due
-//!   close together); what the store cannot know of (another instance's retry, a crashed
+//!   close together; at the next periodic walk when that walk's claim had no room for its
+//!   channel, or more than [`DUE_REMEMBERED`] due times are waiting); what the store cannot
+//!   know of (another instance's retry, a crashed
 //!   instance's claim expiring, a row whose transaction committed late) within the walk
 //!   period: [`WALK_COST_SHARE`] times as long as the last walk took, at least
 //!   [`FULL_WALK_EVERY`], at most [`FULL_WALK_LONGEST`]. A floor never makes a row wait longer
