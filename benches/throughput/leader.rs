@@ -17,6 +17,8 @@ pub(crate) struct RunConfig {
     /// `options` (`-c name=value ...`), with a short label. Used to show what the claim's
     /// query plan and the WAL flush at each commit cost; not recommended settings.
     pub(crate) pg_options: Option<(&'static str, &'static str)>,
+    /// Distinct ordering keys, round-robin over the rows (0: no row has one).
+    pub(crate) keys: usize,
 }
 
 impl RunConfig {
@@ -27,6 +29,7 @@ impl RunConfig {
             sink_concurrency: Some(max_in_flight),
             analyze: true,
             pg_options: None,
+            keys: 0,
         }
     }
 }
@@ -87,8 +90,9 @@ pub(crate) async fn relay_run_on(
         sink_concurrency,
         analyze,
         pg_options,
+        keys,
     } = config;
-    prepare_table(url, table, n, analyze, 0).await?;
+    prepare_table(url, table, n, analyze, keys).await?;
     let bench_url = url;
     let url = &match pg_options {
         Some((_, options)) => {
@@ -271,12 +275,16 @@ pub(crate) fn relay_config(r: &RelayRun) -> String {
         None => format!("sink conc {DEFAULT_SINK_CONCURRENCY:>3}*"),
     };
     let stats = if c.analyze { "" } else { " no-ANALYZE" };
+    let keys = match c.keys {
+        0 => String::new(),
+        n => format!(" {n} keys"),
+    };
     let options = c
         .pg_options
         .map(|(label, _)| format!(" {label}"))
         .unwrap_or_default();
     format!(
-        "batch {:>4} in_flight {:>4} {sink}{stats}{options}",
+        "batch {:>4} in_flight {:>4} {sink}{stats}{keys}{options}",
         c.batch_size, c.max_in_flight
     )
 }
@@ -409,6 +417,16 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
                 ..RunConfig::new(batch, in_flight)
             },
             main_rows,
+        ),
+        // The defaults on rows of fewer ordering keys than the relay has rows in flight: once
+        // every key's head is out, each row left waits behind one (README, "Performance").
+        (
+            RunConfig {
+                sink_concurrency: None,
+                keys: claim::ORDERING_KEYS,
+                ..RunConfig::new(batch, in_flight)
+            },
+            var_rows,
         ),
     ];
     // PostgreSQL diagnostics on the main configuration: statements planned at every

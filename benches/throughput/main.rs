@@ -18,13 +18,14 @@
 //! server, and anything else running).
 //!
 //! Variations show where the throughput comes from: `max_in_flight` and `batch_size`, the sink's
-//! default `concurrency` (32), and the planner's statistics (`no-ANALYZE`: the table as a bulk
-//! insert leaves it). PostgreSQL diagnostics pass settings to the relay's sessions through the
-//! URL's `options` (never recommended settings, only to show what a cost is): `custom_plans`
-//! (`plan_cache_mode=force_custom_plan`: every execution planned again, as PostgreSQL chose
-//! for the claim before the relay asked for generic plans), `plan=due_idx`
-//! (`enable_sort` and `enable_bitmapscan` off, which leaves the claim the partial index in id
-//! order) and `sync_commit=off` (commits do not wait for the WAL flush).
+//! default `concurrency` (64), the planner's statistics (`no-ANALYZE`: the table as a bulk
+//! insert leaves it), and ordering keys (`200 keys`: the defaults on rows of 200 keys,
+//! round-robin, fewer keys than rows in flight). PostgreSQL diagnostics pass settings to the
+//! relay's sessions through the URL's `options` (never recommended settings, only to show what
+//! a cost is): `custom_plans` (`plan_cache_mode=force_custom_plan`: every execution planned
+//! again, as PostgreSQL chose for the claim before the relay asked for generic plans),
+//! `plan=due_idx` (`enable_sort` and `enable_bitmapscan` off, which leaves the claim the
+//! partial index in id order) and `sync_commit=off` (commits do not wait for the WAL flush).
 //!
 //! That is the **leader** section (one relay, `relay.mode = "leader"` without a lease). The
 //! **claim** section (PostgreSQL and MariaDB/MySQL only) runs 1, 2 and 3 relays in
