@@ -364,6 +364,9 @@ impl Relay {
             // that unblocked an ordering key, a freed slot of a hungry sink); the poll timer
             // and the lease say nothing about the table.
             let woken = self.idle(s.poll_interval, &mut lease_rx).await;
+            if woken {
+                self.gather_unblocked(&slots, s.max_in_flight, took).await;
+            }
             probe_next = found_nothing && !woken;
         }
 
@@ -402,6 +405,42 @@ impl Relay {
             _ = tokio::time::sleep(wait) => false,
             _ = self.shutdown.cancelled() => false,
             _ = lease_moved(lease_rx) => false,
+        }
+    }
+
+    /// Woken after a claim that came back short, and not by an arrival (by a result that
+    /// unblocked an ordering key): waits until half the rows in flight have finished, at
+    /// most as long as that claim took, before claiming again; an arrival ends the wait.
+    ///
+    /// Why: when the backlog holds fewer keys than rows in flight, every key's head is soon
+    /// out and every row left waits behind one, so each claim walks all of them to fill its
+    /// budget. Claimed again at each result that unblocked a few keys, the keys split into
+    /// small groups, each paying that walk for a few rows (docs/design.md, "Ordering keys
+    /// and claim rounds"). Waiting as long as the claim took keeps claims to at most half
+    /// the loop's time; rows without keys never wake the loop this way.
+    async fn gather_unblocked(&self, slots: &Arc<Semaphore>, max_in_flight: u32, took: Duration) {
+        let free = slots.available_permits();
+        let busy = (max_in_flight as usize).saturating_sub(free);
+        if busy < 2 || self.arrivals.pending() {
+            return;
+        }
+        let Ok(want) = u32::try_from(free + busy / 2) else {
+            return;
+        };
+        let half = slots.clone().acquire_many_owned(want);
+        let until = tokio::time::sleep(took);
+        tokio::pin!(half, until);
+        loop {
+            tokio::select! {
+                _ = &mut half => return,
+                _ = &mut until => return,
+                _ = self.shutdown.cancelled() => return,
+                _ = self.wake.notified() => {
+                    if self.arrivals.pending() {
+                        return;
+                    }
+                }
+            }
         }
     }
 

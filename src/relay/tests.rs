@@ -661,6 +661,50 @@ async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
     assert_eq!(probes, [empty; 3], "a read at 500, 1000 and 1500 ms");
 }
 
+/// After a claim that came back short, with rows in flight: a wake-up that is not an arrival
+/// (a result that unblocked an ordering key) waits for half the rows in flight to finish, at
+/// most as long as that claim took (10 ms here), before the next claim; an arrival (NOTIFY,
+/// the newest-id check) is claimed at once (docs/design.md, "Ordering keys and claim rounds").
+#[tokio::test(start_paused = true)]
+async fn a_wake_up_that_is_not_an_arrival_waits_as_long_as_the_short_claim_took() {
+    for arrival in [false, true] {
+        let queue = MemQueue::with_rows(&[("a", 8)]);
+        *queue.claim_delay.lock().expect("delay") = Duration::from_millis(10);
+        let a = TimedSink::new(Duration::from_millis(40));
+        let (relay, stop) = relay(
+            queue.clone(),
+            vec![("a", a.clone(), 16)],
+            settings(64, 32),
+            None,
+        );
+        let (wake, arrivals) = (relay.wake.clone(), relay.arrivals.clone());
+        let started = Instant::now();
+        let task = tokio::spawn(relay.run());
+        // The first claim ends at 10 ms with 8 rows, fewer than asked; they are sent until 50.
+        tokio::time::sleep(Duration::from_millis(12)).await;
+        for id in 9..=12 {
+            queue.put(id, "PENDING", Instant::now());
+        }
+        match arrival {
+            true => arrivals.signal(),
+            false => wake.notify_one(),
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        stop.cancel();
+        task.await.expect("relay task");
+        let claims = queue.claims();
+        let at: Vec<u128> = claims
+            .iter()
+            .map(|c| (c.at - started).as_millis())
+            .collect();
+        let got: Vec<usize> = claims.iter().map(|c| c.got).collect();
+        // Each claim is logged when its 10 ms statement ends.
+        let want = if arrival { [10, 22] } else { [10, 32] };
+        assert_eq!(at, want, "arrival: {arrival}, claims {claims:?}");
+        assert_eq!(got, [8, 4]);
+    }
+}
+
 /// With every insert announced (NOTIFY), an idle relay reads the table every
 /// `QUIET_POLLS` poll intervals, and sooner when a waiting row's retry comes due: such a row
 /// is still claimed when it is due, not later; a wake-up still claims at once. Without the

@@ -65,6 +65,11 @@ impl Arrivals {
         self.wake.notify_one();
     }
 
+    /// Whether rows arrived since the last [`Arrivals::take`] (and remember it).
+    pub fn pending(&self) -> bool {
+        self.fresh.load(Ordering::Acquire)
+    }
+
     /// Whether rows arrived since the last call (and forget it).
     pub fn take(&self) -> bool {
         self.fresh.swap(false, Ordering::AcqRel)
