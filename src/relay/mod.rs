@@ -409,8 +409,8 @@ impl Relay {
     }
 
     /// Woken after a claim that came back short, and not by an arrival (by a result that
-    /// unblocked an ordering key): waits until half the rows in flight have finished, at
-    /// most as long as that claim took, before claiming again; an arrival ends the wait.
+    /// unblocked an ordering key): waits until the rows in flight have finished, at most as
+    /// long as that claim took, before claiming again; an arrival ends the wait.
     ///
     /// Why: when the backlog holds fewer keys than rows in flight, every key's head is soon
     /// out and every row left waits behind one, so each claim walks all of them to fill its
@@ -424,15 +424,15 @@ impl Relay {
         if busy < 2 || self.arrivals.pending() {
             return;
         }
-        let Ok(want) = u32::try_from(free + busy / 2) else {
+        let Ok(all) = u32::try_from(free + busy) else {
             return;
         };
-        let half = slots.clone().acquire_many_owned(want);
+        let finished = slots.clone().acquire_many_owned(all);
         let until = tokio::time::sleep(took);
-        tokio::pin!(half, until);
+        tokio::pin!(finished, until);
         loop {
             tokio::select! {
-                _ = &mut half => return,
+                _ = &mut finished => return,
                 _ = &mut until => return,
                 _ = self.shutdown.cancelled() => return,
                 _ = self.wake.notified() => {

@@ -662,8 +662,8 @@ async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
 }
 
 /// After a claim that came back short, with rows in flight: a wake-up that is not an arrival
-/// (a result that unblocked an ordering key) waits for half the rows in flight to finish, at
-/// most as long as that claim took (10 ms here), before the next claim; an arrival (NOTIFY,
+/// (a result that unblocked an ordering key) waits for the rows in flight to finish, at most
+/// as long as that claim took (10 ms here), before the next claim; an arrival (NOTIFY,
 /// the newest-id check) is claimed at once (docs/design.md, "Ordering keys and claim rounds").
 #[tokio::test(start_paused = true)]
 async fn a_wake_up_that_is_not_an_arrival_waits_as_long_as_the_short_claim_took() {
