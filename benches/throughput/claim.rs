@@ -120,7 +120,17 @@ pub(crate) async fn claim_run_on(
     if instances == 0 || instances > INSTANCE_PATHS.len() {
         bail!("instances must be 1..={}", INSTANCE_PATHS.len());
     }
-    prepare_table(url, table, n, true, keys).await?;
+    prepare_table(
+        url,
+        table,
+        n,
+        true,
+        Rows {
+            keys,
+            ..Rows::default()
+        },
+    )
+    .await?;
     let dir = tempfile::tempdir()?;
 
     let shutdown = CancellationToken::new();

@@ -7,6 +7,27 @@ pub(crate) fn payload(n: usize) -> String {
     format!(r#"{{"event":"order.created","order_id":{n},"amount":1250,"currency":"KRW"}}"#)
 }
 
+/// What the rows of a backlog look like.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Rows {
+    /// Distinct ordering keys, round-robin over the rows (0: no row has one).
+    pub(crate) keys: usize,
+    /// Payloads padded to this many bytes (0, or less than [`payload`]'s: as it is, about 75).
+    /// Push messages and template parameters are a few hundred bytes to a few KiB.
+    pub(crate) payload_bytes: usize,
+}
+
+/// [`payload`] padded with a `note` of filler text to `bytes` (when longer).
+fn payload_of(n: usize, bytes: usize) -> String {
+    let short = payload(n);
+    let pad = bytes.saturating_sub(short.len() + r#","note":"""#.len());
+    if bytes <= short.len() || pad == 0 {
+        return short;
+    }
+    let filler: String = "lorem ipsum ".chars().cycle().take(pad).collect();
+    format!(r#"{},"note":"{filler}"}}"#, &short[..short.len() - 1])
+}
+
 /// Runs one statement of our own on `pool` (not counted by the store).
 pub(crate) async fn exec(pool: &sqlx::AnyPool, sql: String) -> anyhow::Result<u64> {
     Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -31,11 +52,11 @@ pub(crate) async fn prepare_table(
     table: &str,
     n: usize,
     analyze: bool,
-    keys: usize,
+    rows: Rows,
 ) -> anyhow::Result<()> {
     let setup = SqlStore::connect(url, table, 2, Duration::from_secs(5)).await?;
     setup.migrate().await.context("migrate")?;
-    fill(&setup, table, n, keys).await?;
+    fill(&setup, table, n, rows).await?;
     if analyze {
         let sql = match setup.dialect() {
             Dialect::MySql { .. } => format!("ANALYZE TABLE {table}"),
@@ -52,15 +73,14 @@ pub(crate) async fn prepare_table(
     Ok(())
 }
 
-/// Inserts `n` PENDING webhook rows into `table` in multi-row INSERTs; with `keys` > 0, row k
-/// gets `ordering_key` `k{k % keys}`.
+/// Inserts `n` PENDING webhook rows shaped as `rows` into `table` in multi-row INSERTs.
 pub(crate) async fn fill(
     store: &SqlStore,
     table: &str,
     n: usize,
-    keys: usize,
+    rows: Rows,
 ) -> anyhow::Result<()> {
-    for sql in inserts(table, n, keys) {
+    for sql in inserts(table, n, rows) {
         exec(store.pool(), sql).await.context("bulk insert")?;
     }
     Ok(())
@@ -70,7 +90,7 @@ pub(crate) async fn fill(
 /// once.
 pub(crate) async fn fill_at_once(store: &SqlStore, table: &str, n: usize) -> anyhow::Result<()> {
     let mut tx = store.pool().begin().await.context("begin")?;
-    for sql in inserts(table, n, 0) {
+    for sql in inserts(table, n, Rows::default()) {
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&mut *tx)
             .await
@@ -81,8 +101,12 @@ pub(crate) async fn fill_at_once(store: &SqlStore, table: &str, n: usize) -> any
 }
 
 /// The INSERT statements for `n` rows of channel `hook`, [`INSERT_CHUNK`] rows each; with
-/// `keys` above zero, row `k` has ordering key `k{k % keys}`.
-fn inserts(table: &str, n: usize, keys: usize) -> Vec<String> {
+/// `rows.keys` above zero, row `k` has ordering key `k{k % keys}`.
+fn inserts(table: &str, n: usize, rows: Rows) -> Vec<String> {
+    let Rows {
+        keys,
+        payload_bytes,
+    } = rows;
     (0..n)
         .step_by(INSERT_CHUNK)
         .map(|i| {
@@ -93,7 +117,7 @@ fn inserts(table: &str, n: usize, keys: usize) -> Vec<String> {
                     } else {
                         "NULL".to_string()
                     };
-                    format!("('hook', '{}', {key})", payload(k))
+                    format!("('hook', '{}', {key})", payload_of(k, payload_bytes))
                 })
                 .collect();
             format!(

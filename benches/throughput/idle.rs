@@ -44,7 +44,7 @@ async fn idle_run_on(
     table: &str,
     receiver: &Receiver,
 ) -> anyhow::Result<Option<f64>> {
-    prepare_table(url, table, 0, false, 0).await?;
+    prepare_table(url, table, 0, false, Rows::default()).await?;
     let dir = tempfile::tempdir()?;
     let config = Config::webhook(&receiver.url)
         .poll_interval(Duration::from_millis(500))

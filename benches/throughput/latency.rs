@@ -73,7 +73,7 @@ async fn latency_run_on(
     rate: u32,
     seconds: u32,
 ) -> anyhow::Result<Latency> {
-    prepare_table(url, table, 0, false, 0).await?;
+    prepare_table(url, table, 0, false, Rows::default()).await?;
     let dir = tempfile::tempdir()?;
     let config = timed_config(receiver);
     let shutdown = CancellationToken::new();
@@ -207,7 +207,7 @@ async fn under_backlog_run_on(
     receiver: &Receiver,
     backlog: usize,
 ) -> anyhow::Result<UnderBacklog> {
-    prepare_table(url, table, backlog, true, 0).await?;
+    prepare_table(url, table, backlog, true, Rows::default()).await?;
     let dir = tempfile::tempdir()?;
     let config = timed_config(receiver);
     let shutdown = CancellationToken::new();

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// The payload size of the `payload` variation: a push message or a template's parameters.
+const PAYLOAD_VARIATION_BYTES: usize = 1024;
+
 /// How one relay run is set up.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RunConfig {
@@ -17,8 +20,8 @@ pub(crate) struct RunConfig {
     /// `options` (`-c name=value ...`), with a short label. Used to show what the claim's
     /// query plan and the WAL flush at each commit cost; not recommended settings.
     pub(crate) pg_options: Option<(&'static str, &'static str)>,
-    /// Distinct ordering keys, round-robin over the rows (0: no row has one).
-    pub(crate) keys: usize,
+    /// The backlog's ordering keys and payload size.
+    pub(crate) rows: Rows,
 }
 
 impl RunConfig {
@@ -29,7 +32,7 @@ impl RunConfig {
             sink_concurrency: Some(max_in_flight),
             analyze: true,
             pg_options: None,
-            keys: 0,
+            rows: Rows::default(),
         }
     }
 }
@@ -90,9 +93,9 @@ pub(crate) async fn relay_run_on(
         sink_concurrency,
         analyze,
         pg_options,
-        keys,
+        rows,
     } = config;
-    prepare_table(url, table, n, analyze, keys).await?;
+    prepare_table(url, table, n, analyze, rows).await?;
     let bench_url = url;
     let url = &match pg_options {
         Some((_, options)) => {
@@ -275,16 +278,20 @@ pub(crate) fn relay_config(r: &RelayRun) -> String {
         None => format!("sink conc {DEFAULT_SINK_CONCURRENCY:>3}*"),
     };
     let stats = if c.analyze { "" } else { " no-ANALYZE" };
-    let keys = match c.keys {
+    let keys = match c.rows.keys {
         0 => String::new(),
         n => format!(" {n} keys"),
+    };
+    let payload = match c.rows.payload_bytes {
+        0 => String::new(),
+        n => format!(" payload {n} B"),
     };
     let options = c
         .pg_options
         .map(|(label, _)| format!(" {label}"))
         .unwrap_or_default();
     format!(
-        "batch {:>4} in_flight {:>4} {sink}{stats}{keys}{options}",
+        "batch {:>4} in_flight {:>4} {sink}{stats}{keys}{payload}{options}",
         c.batch_size, c.max_in_flight
     )
 }
@@ -423,7 +430,23 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         (
             RunConfig {
                 sink_concurrency: None,
-                keys: claim::ORDERING_KEYS,
+                rows: Rows {
+                    keys: claim::ORDERING_KEYS,
+                    ..Rows::default()
+                },
+                ..RunConfig::new(batch, in_flight)
+            },
+            var_rows,
+        ),
+        // The defaults on payloads of a size push messages and template parameters have
+        // (the main run's are about 75 bytes).
+        (
+            RunConfig {
+                sink_concurrency: None,
+                rows: Rows {
+                    payload_bytes: PAYLOAD_VARIATION_BYTES,
+                    ..Rows::default()
+                },
                 ..RunConfig::new(batch, in_flight)
             },
             var_rows,

@@ -19,8 +19,10 @@
 //!
 //! Variations show where the throughput comes from: `max_in_flight` and `batch_size`, the sink's
 //! default `concurrency` (64), the planner's statistics (`no-ANALYZE`: the table as a bulk
-//! insert leaves it), and ordering keys (`200 keys`: the defaults on rows of 200 keys,
-//! round-robin, fewer keys than rows in flight). PostgreSQL diagnostics pass settings to the
+//! insert leaves it), ordering keys (`200 keys`: the defaults on rows of 200 keys,
+//! round-robin, fewer keys than rows in flight) and payloads of 1 KiB (`payload 1024 B`: the
+//! defaults on payloads the size of a push message; the main run's are about 75 bytes).
+//! PostgreSQL diagnostics pass settings to the
 //! relay's sessions through the URL's `options` (never recommended settings, only to show what
 //! a cost is): `custom_plans` (`plan_cache_mode=force_custom_plan`: every execution planned
 //! again, as PostgreSQL chose for the claim before the relay asked for generic plans),

@@ -60,7 +60,7 @@ async fn rss_run_on(
     receiver: &Receiver,
     rows: usize,
 ) -> anyhow::Result<Rss> {
-    prepare_table(url, table, 0, false, 0).await?;
+    prepare_table(url, table, 0, false, Rows::default()).await?;
     let dir = tempfile::tempdir()?;
     let config = Config::webhook(&receiver.url)
         .no_lease()
@@ -119,7 +119,7 @@ async fn start_run_on(
     receiver: &Receiver,
     rows: usize,
 ) -> anyhow::Result<Start> {
-    prepare_table(url, table, rows, true, 0).await?;
+    prepare_table(url, table, rows, true, Rows::default()).await?;
     let dir = tempfile::tempdir()?;
     let config = Config::webhook(&receiver.url)
         .poll_interval(Duration::from_millis(500))

@@ -77,7 +77,7 @@ pub(crate) async fn naive_run_on(
     receiver: &Receiver,
     n: usize,
 ) -> anyhow::Result<NaiveRun> {
-    prepare_table(url, table, n, true, 0).await?;
+    prepare_table(url, table, n, true, Rows::default()).await?;
     let store = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
     let d = store.dialect();
     let select = d.finalize(&format!(
