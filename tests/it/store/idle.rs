@@ -92,3 +92,215 @@ async fn sqlite_idle_reads_seek_an_index_of_due_times() {
     assert_eq!(rows.len(), 1);
     td.drop_table().await;
 }
+
+per_db!(an_idle_poll_reads_before_it_claims);
+/// `Queue::probe` (an idle relay's poll, which claims only when it says so): one plain read
+/// when nothing is claimable, whatever the table holds that is not (a retry not yet due, a
+/// live claim, a finished row); the claim after it fenced as ever. On PostgreSQL the read
+/// also says how long until a waiting row comes due.
+async fn an_idle_poll_reads_before_it_claims(db: Db) {
+    let Some(td) = TestDb::open(db, "st_probe").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let lease = td.table.clone();
+    let epoch = bounded(
+        "lease_acquire",
+        store.lease_acquire(&lease, "a", Duration::from_secs(30)),
+    )
+    .await
+    .expect("free lease is acquired");
+    // As the relay asks: per-channel budgets with a newest share, and the other channels.
+    let poll = |epoch: i64| ClaimRequest {
+        budgets: Some(Budgets {
+            channels: vec![("hook".into(), 8), ("log".into(), 8)],
+            others: Some((vec!["hook".into(), "log".into()], 2)),
+        }),
+        newest: true,
+        ..request(
+            18,
+            LONG,
+            "a",
+            Some(Fence {
+                lease: lease.clone(),
+                epoch,
+            }),
+        )
+    };
+    // As the relay polls: the read, and the claim only if the read found something.
+    let statements_of = async |req: &ClaimRequest| {
+        let before = store.statements();
+        let probe = bounded("probe", store.probe(req)).await;
+        let rows = match probe {
+            Probe::Claimable => bounded("claim", store.claim(req)).await,
+            Probe::Nothing { .. } => Vec::new(),
+        };
+        (store.statements() - before, rows)
+    };
+    // How long until a waiting row comes due, as the read says: PostgreSQL only.
+    let quiet = async |req: &ClaimRequest| match bounded("probe", store.probe(req)).await {
+        Probe::Nothing { quiet_for } => quiet_for,
+        Probe::Claimable => panic!("nothing is claimable"),
+    };
+
+    // On PostgreSQL a claim's fence takes a shared lock on the lease row (its xmax becomes
+    // the claim's transaction id); the read takes none.
+    let lease_xmax = async || {
+        td.scalar(&format!(
+            "SELECT xmax::text::bigint FROM outbox_relay_lease WHERE name = '{lease}'"
+        ))
+        .await
+    };
+    let xmax = if db == Db::Postgres {
+        Some(lease_xmax().await)
+    } else {
+        None
+    };
+    let (n, rows) = statements_of(&poll(epoch)).await;
+    assert!(rows.is_empty());
+    assert_eq!(n, 1, "an empty table costs one read");
+    let nothing_waits = match db {
+        Db::Postgres => Duration::MAX,
+        _ => Duration::ZERO,
+    };
+    assert_eq!(quiet(&poll(epoch)).await, nothing_waits);
+
+    // Rows that are not claimable: finished, retrying later, under another live claim.
+    let done = td.enqueue("log", "{}", None).await;
+    let later = td.enqueue("hook", "{}", None).await;
+    let held = td.enqueue("other", "{}", None).await;
+    let (req, rows) = claim(&*store, 3, LONG, "b", None).await;
+    assert_eq!(ids(&rows), [done, later, held]);
+    let results = [
+        completion(&req, done, Resolution::Delivered),
+        completion(
+            &req,
+            later,
+            Resolution::Retry {
+                delay: Duration::from_secs(3600),
+                error: "later".into(),
+            },
+        ),
+    ];
+    assert_eq!(complete(&*store, &results).await, 2);
+    let (n, rows) = statements_of(&poll(epoch)).await;
+    assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
+    // On MySQL and SQLite the read first asks an index whether any row is due at all (after
+    // SQLite's first idle read, which reads the picks); the row due under a live claim says
+    // "maybe", so the picks are read too.
+    let reads = if db == Db::Postgres { 1 } else { 2 };
+    assert_eq!(n, reads, "nothing claimable: the reads");
+    if let Some(xmax) = xmax {
+        assert_eq!(
+            lease_xmax().await,
+            xmax,
+            "an idle poll locked the lease row"
+        );
+    }
+    assert!(row_is(&td, later, "claim_token IS NULL").await);
+    // A row due but under a live claim: no promise. Given back for two hours, the retry in
+    // one hour is the next row due.
+    assert_eq!(quiet(&poll(epoch)).await, Duration::ZERO);
+    let back = Resolution::Release {
+        delay: Duration::from_secs(7200),
+        error: None,
+    };
+    assert_eq!(complete(&*store, &[completion(&req, held, back)]).await, 1);
+    let left = quiet(&poll(epoch)).await;
+    if db == Db::Postgres {
+        assert!(
+            (Duration::from_secs(3590)..=Duration::from_secs(3600)).contains(&left),
+            "{left:?}"
+        );
+        // A thousand rows waiting (scheduled sends): the read looks at no more than that
+        // many to say when the next is due, and with more makes no promise.
+        td.exec(
+            "INSERT INTO {t} (channel, payload, status, next_attempt_at) \
+             SELECT 'hook', '{}', 'RETRY', now() + interval '1 day' FROM generate_series(1, 1000)",
+        )
+        .await;
+        assert_eq!(quiet(&poll(epoch)).await, Duration::ZERO);
+        td.exec("DELETE FROM {t} WHERE next_attempt_at > now() + interval '2 hours'")
+            .await;
+    } else {
+        assert_eq!(left, Duration::ZERO);
+    }
+    // Only rows waiting for a later time: one read (on MySQL and SQLite, of an index alone,
+    // where the picks would read every waiting row; see `store::engines`, `store::idle`).
+    let (n, rows) = statements_of(&poll(epoch)).await;
+    assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
+    assert_eq!(n, 1, "rows waiting for later cost one read");
+
+    // Something claimable in each pick: the claim goes on as without the read.
+    let due = td.enqueue("hook", "{}", None).await;
+    let stray = td.enqueue("unknown", "{}", None).await;
+    let req = poll(epoch);
+    let (n, rows) = statements_of(&req).await;
+    assert_eq!(ids(&rows), [due, stray]);
+    assert!(n >= 2, "the read, then the claim");
+    if let Some(xmax) = xmax {
+        let polled = lease_xmax().await;
+        assert_ne!(polled, xmax, "the claim's fence locked the lease row");
+    }
+    let token = req.token.to_string();
+    assert!(row_is(&td, due, &format!("claim_token = '{token}'")).await);
+
+    // The read is not fenced, the claim is: a stale epoch still claims nothing.
+    let fresh = td.enqueue("log", "{}", None).await;
+    let next = bounded("advance_epoch", store.advance_epoch(&lease, "c")).await;
+    assert_eq!(next, epoch + 1);
+    let (_, rows) = statements_of(&poll(epoch)).await;
+    assert!(
+        rows.is_empty(),
+        "G2: a stale epoch claimed {:?}",
+        ids(&rows)
+    );
+    assert!(row_is(&td, fresh, "claim_token IS NULL").await);
+    td.drop_table().await;
+}
+
+per_db!(an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claiming_it);
+/// A claim of an instance that died expires below this store's floor (the rows lie under
+/// its picks' starting point): only a read that walks from the start finds them, at the
+/// next full walk (at most `FULL_WALK_LONGEST`, 5 s, away; 500 ms here, where walks are
+/// cheap). The idle read before it must leave that walk to the claim: when the
+/// read took it, it said "claim", the claim with the floors found nothing, and so on at
+/// every poll (a relay holding the lease and delivering nothing, in a chaos run).
+async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claiming_it(db: Db) {
+    let Some(td) = TestDb::open(db, "st_probe_floor").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let mut rows = Vec::new();
+    for _ in 0..3 {
+        rows.push(td.enqueue("hook", "{}", None).await);
+    }
+    let poll = || ClaimRequest {
+        budgets: Some(Budgets {
+            channels: vec![("hook".into(), 10)],
+            others: None,
+        }),
+        ..request(10, Duration::from_secs(1), "a", None)
+    };
+    // Claimed, and never finished (the instance died): the claim runs out at 1 s, and this
+    // store's floor, learnt from the claim, is past them once the commit grace is over.
+    let taken = bounded("claim", store.claim(&poll())).await;
+    assert_eq!(ids(&taken), rows);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let req = poll();
+    let started = std::time::Instant::now();
+    while bounded("probe", store.probe(&req)).await != Probe::Claimable {
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "the idle reads never found the expired claims"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let again = bounded("claim", store.claim(&req)).await;
+    assert_eq!(
+        ids(&again),
+        rows,
+        "the read found the rows and the claim after it did not"
+    );
+    td.drop_table().await;
+}

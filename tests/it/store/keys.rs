@@ -1,0 +1,157 @@
+//! Ordering keys: one row of a key at a time, in id order, and the blocked-keys gauge.
+
+use super::*;
+
+per_db!(ordering_keys_deliver_one_at_a_time);
+async fn ordering_keys_deliver_one_at_a_time(db: Db) {
+    let Some(td) = TestDb::open(db, "st_order").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let a1 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
+    let k1 = td.enqueue("log", r#"{"n":1}"#, None).await;
+    let b1 = td.enqueue("log", r#"{"n":1}"#, Some("B")).await;
+    let a2 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
+    let k2 = td.enqueue("log", r#"{"n":1}"#, None).await;
+    let b2 = td.enqueue("log", r#"{"n":1}"#, Some("B")).await;
+    let a3 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
+
+    let (r1, heads) = claim(&*store, 100, LONG, "a", None).await;
+    assert_eq!(
+        ids(&heads),
+        vec![a1, k1, b1, k2],
+        "only the heads of each key plus keyless rows"
+    );
+    assert_eq!(heads[0].ordering_key.as_deref(), Some("A"));
+    assert_eq!(heads[1].ordering_key, None);
+
+    // While A1 is claimed (still PENDING), A2 waits; so does B2 behind B1.
+    let (_, none) = claim(&*store, 100, LONG, "b", None).await;
+    assert!(none.is_empty(), "claimed behind a head: {:?}", ids(&none));
+
+    // A1 released (throttled): still the head, A2 still waits.
+    assert_eq!(
+        complete(
+            &*store,
+            &[completion(
+                &r1,
+                a1,
+                Resolution::Release {
+                    delay: Duration::ZERO,
+                    error: None,
+                },
+            )],
+        )
+        .await,
+        1
+    );
+    let (r2, again) = claim(&*store, 100, LONG, "b", None).await;
+    assert_eq!(
+        ids(&again),
+        vec![a1],
+        "a released head is the next of its key"
+    );
+
+    // A1 delivered, B1 to RETRY later, keyless ones delivered.
+    let done = [
+        completion(&r2, a1, Resolution::Delivered),
+        completion(
+            &r1,
+            b1,
+            Resolution::Retry {
+                delay: Duration::from_secs(3600),
+                error: "later".into(),
+            },
+        ),
+        completion(&r1, k1, Resolution::Delivered),
+        completion(&r1, k2, Resolution::Delivered),
+    ];
+    assert_eq!(complete(&*store, &done).await, 4);
+    // A2 is next for A; the RETRY head B1 holds back B2 only. Claimed as an idle poll does,
+    // reading first whether anything is claimable: on MariaDB that read (plain, through the
+    // index of unfinished rows of every channel) once found nothing here, under load with
+    // the rows just changed (docs/design.md, "Claim-mode locks on MySQL").
+    let r3 = request(100, LONG, "c", None);
+    assert_eq!(
+        bounded("probe", store.probe(&r3)).await,
+        Probe::Claimable,
+        "the idle poll's read missed a2"
+    );
+    let next = bounded("claim", store.claim(&r3)).await;
+    assert_eq!(ids(&next), vec![a2], "the idle poll's read missed a2");
+    assert_eq!(
+        complete(
+            &*store,
+            &[completion(
+                &r3,
+                a2,
+                Resolution::Failed {
+                    error: "bad".into()
+                }
+            )],
+        )
+        .await,
+        1
+    );
+    // A FAILED head no longer holds its key back.
+    let (r4, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![a3]);
+    assert_eq!(
+        complete(&*store, &[completion(&r4, a3, Resolution::Delivered)]).await,
+        1
+    );
+    // B1 becomes due and is delivered: then B2.
+    td.exec(&format!(
+        "UPDATE {{t}} SET next_attempt_at = {} WHERE id = {b1}",
+        db_time(db, -1)
+    ))
+    .await;
+    let (r5, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![b1]);
+    assert_eq!(
+        complete(&*store, &[completion(&r5, b1, Resolution::Delivered)]).await,
+        1
+    );
+    let (_, next) = claim(&*store, 100, LONG, "c", None).await;
+    assert_eq!(ids(&next), vec![b2]);
+    td.drop_table().await;
+}
+
+per_db!(blocked_keys_gauge_counts_keys_waiting_behind_an_unfinished_row);
+/// `ordering_blocked_keys`: keys with an unfinished row behind an earlier unfinished row of the
+/// same key. (On MySQL/MariaDB it reads the indexed `open_key` column, which holds the key of
+/// unfinished rows only: a finished head no longer blocks.)
+async fn blocked_keys_gauge_counts_keys_waiting_behind_an_unfinished_row(db: Db) {
+    let Some(td) = TestDb::open(db, "st_blocked").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let k1 = td.enqueue("hook", "{}", Some("k")).await;
+    td.enqueue("hook", "{}", Some("k")).await;
+    td.enqueue("hook", "{}", Some("k")).await;
+    td.enqueue("hook", "{}", Some("j")).await;
+    let j2 = td.enqueue("hook", "{}", Some("j")).await;
+    td.enqueue("hook", "{}", Some("alone")).await;
+    td.enqueue("hook", "{}", None).await;
+    let blocked = || async {
+        store
+            .sample(false)
+            .await
+            .expect("sample")
+            .ordering_blocked_keys
+    };
+    assert_eq!(blocked().await, 2, "k and j wait behind their heads");
+    td.exec(&format!(
+        "UPDATE {} SET status = 'SUCCESS' WHERE id = {k1}",
+        td.table
+    ))
+    .await;
+    td.exec(&format!("DELETE FROM {} WHERE id = {j2}", td.table))
+        .await;
+    assert_eq!(
+        blocked().await,
+        1,
+        "k's next row still waits behind the one after its head"
+    );
+    td.drop_table().await;
+}
