@@ -715,7 +715,7 @@ async fn a_new_row_is_not_starved_behind_a_backlog(db: Db) {
     // machine, 82 (SQLite, 241 ms) with CI's tests running alongside. The bound is what this
     // receiver takes in one second, against the seven seconds the backlog needs; the precise
     // rule (the claim after an arrival takes the newest rows) is pinned by
-    // `relay::tests::under_a_backlog_the_claim_after_an_arrival_takes_the_newest_rows`.
+    // `relay::tests::claims::under_a_backlog_the_claim_after_an_arrival_takes_the_newest_rows`.
     assert!(
         ahead <= 400,
         "{ahead} backlog rows were sent between the new row's commit and its own send"

@@ -1,0 +1,367 @@
+//! The `redis` lease when Redis or the holder fails: Redis killed while a relay holds, and
+//! restarted; the holder paused (SIGSTOP) past its lease and its claims; the connection
+//! re-established under a holder, which confirms its hold before claiming again.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
+    let Some((mut redis, td, rx)) = setup("rl_outage", &[]).await else {
+        return;
+    };
+    let knobs = Knobs {
+        ttl: Duration::from_secs(2),
+        ..Knobs::fast()
+    };
+    let lease = td.table.clone();
+    let t0 = Instant::now();
+    let mut relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
+    let feeder = Feeder::start(td.store.clone(), Duration::from_millis(20));
+
+    rx.expect_requests(1, Duration::from_secs(15), "first delivery")
+        .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let h = only_sender(&rx.requests(), t0, "before the outage");
+    assert_holder(&redis, &td, &lease, &relays, &h).await;
+
+    // Outage.
+    let t_down = Instant::now();
+    redis.kill();
+    tokio::time::sleep(knobs.ttl + Duration::from_millis(1000)).await;
+    let reqs = rx.requests();
+    let during: Vec<&Received> = reqs.iter().filter(|r| r.at > t_down).collect();
+    let slack = Duration::from_millis(150);
+    let late: Vec<String> = during
+        .iter()
+        .filter(|r| r.at > t_down + knobs.ttl + slack)
+        .map(|r| format!("{} at +{:.0}ms", sender(r), delta_ms(t_down, r.at)))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests after the holder's deadline (Redis down, ttl {:?}): {late:?}",
+        knobs.ttl
+    );
+    assert!(
+        senders(during.iter().copied()).iter().all(|s| *s == h),
+        "only the old holder may send while Redis is down\n{}",
+        timeline(&reqs, t_down)
+    );
+    let last = during.iter().map(|r| r.at).max();
+    println!(
+        "redis outage: the holder's last request came {} after Redis went down (ttl {:?})",
+        last.map(|t| format!("{:.0} ms", delta_ms(t_down, t)))
+            .unwrap_or_else(|| "never".into()),
+        knobs.ttl
+    );
+    let log = relays[index_of(&relays, &h)].log_text();
+    assert!(
+        log.contains("lease lost"),
+        "the holder must log the loss:\n{log}"
+    );
+    for r in &relays {
+        assert_eq!(
+            r.metric("outbox_relay_lease_held").await,
+            0.0,
+            "relay {} reports holding the lease while Redis is down",
+            r.name
+        );
+        let (code, body) = r.readyz().await;
+        assert_ne!(
+            code, 200,
+            "relay {} is ready while its lease backend is down: {body}",
+            r.name
+        );
+    }
+
+    // Redis back, empty, on the same port.
+    let t_up = Instant::now();
+    redis.restart().await;
+    let resumed = rx
+        .wait_until(
+            |reqs| reqs.iter().any(|r| r.at > t_up),
+            Duration::from_secs(12),
+        )
+        .await;
+    assert!(resumed, "no delivery within 12s of Redis coming back");
+    let first = rx
+        .requests()
+        .into_iter()
+        .find(|r| r.at > t_up)
+        .expect("first delivery after the restart");
+    println!(
+        "redis outage: delivery resumed {:.0} ms after Redis came back",
+        delta_ms(t_up, first.at)
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after: Vec<Received> = rx.requests().into_iter().filter(|r| r.at > t_up).collect();
+    let s = senders(&after);
+    assert_eq!(
+        s.len(),
+        1,
+        "exactly one relay must hold after Redis returns, saw {s:?}\n{}",
+        timeline(&after, t_up)
+    );
+    let n = s.into_iter().next().expect("new holder");
+    assert_holder(&redis, &td, &lease, &relays, &n).await;
+
+    // Both relays re-subscribed to the release channel after the reconnect, so a graceful
+    // release is still seen at once (not after the key's PTTL, >= 2/3 of the 2s ttl).
+    let channel = format!("{lease}:released");
+    until("both relays re-subscribed", Duration::from_secs(8), || async {
+        let r = redis
+            .cmd(&["PUBSUB", "NUMSUB", &channel])
+            .await
+            .expect("PUBSUB NUMSUB");
+        matches!(&r, crate::support::redis::Resp::Array(Some(v)) if v.get(1).and_then(|x| x.int()) == Some(2))
+    })
+    .await;
+    let ni = index_of(&relays, &n);
+    let t_term = Instant::now();
+    relays[ni].signal("TERM");
+    let (status, t_exit) = relays[ni].wait_exit_at(Duration::from_secs(10)).await;
+    assert!(status.success());
+    let moved = rx
+        .wait_until(
+            |reqs| reqs.iter().any(|r| r.at > t_term && sender(r) != n),
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(moved, "no hand-off after SIGTERM following the outage");
+    let reqs = rx.requests();
+    let first = reqs
+        .iter()
+        .find(|r| r.at > t_term && sender(r) != n)
+        .expect("successor's first delivery");
+    let handoff = delta_ms(t_exit, first.at);
+    println!("redis outage: hand-off after the restart {handoff:.1} ms after the holder's exit");
+    assert!(
+        handoff <= 500.0,
+        "hand-off after the Redis restart took {handoff:.1} ms: the standby missed the release \
+         message (not re-subscribed?)"
+    );
+
+    feeder.stop().await;
+    td.wait_all_success(Duration::from_secs(15)).await;
+    let counts = rx.count_by_id();
+    for id in all_ids(&td).await {
+        assert!(
+            counts.contains_key(&id),
+            "row {id} SUCCESS but never received"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. SIGSTOP the holder past the lease ttl and its claims' ttl, then SIGCONT.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
+    let Some((redis, td, rx)) = setup("rl_pause", &[]).await else {
+        return;
+    };
+    let knobs = Knobs {
+        sink_timeout: Duration::from_secs(1),
+        claim_ttl: Duration::from_secs(6),
+        // Four sends in flight and four claimed rows waiting for a sink slot at the pause:
+        // the waiting ones must be dropped, not sent, when the process wakes.
+        in_flight: 8,
+        sink_concurrency: Some(4),
+        ..Knobs::fast()
+    };
+    let lease = td.table.clone();
+    td.insert_hooks(40).await;
+    // The first holder's result writes are slow (a stalled database: 200 ms per row), so the
+    // SIGSTOP below lands while its result statement runs. That statement may complete on the
+    // server, but it must not leave rows locked while the process is stopped (nobody could
+    // re-claim them: G1) nor be committed when it wakes.
+    td.exec(
+        "CREATE FUNCTION {t}_slow() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$",
+    )
+    .await;
+    td.exec(
+        "CREATE TRIGGER {t}_slow BEFORE UPDATE ON {t} FOR EACH ROW \
+         WHEN (OLD.claimed_by = 'a' AND NEW.status = 'SUCCESS') EXECUTE FUNCTION {t}_slow()",
+    )
+    .await;
+    rx.set_delay(Duration::from_millis(400));
+    let t0 = Instant::now();
+    let mut relays = vec![start_relay(&td, &knobs, &rx, &redis.url(), &lease, "a")];
+    until(
+        "relay a holds the lease",
+        Duration::from_secs(15),
+        || async { redis.get(&lease).await.is_some_and(|v| v.starts_with("a#")) },
+    )
+    .await;
+    relays.push(start_relay(&td, &knobs, &rx, &redis.url(), &lease, "b"));
+
+    // Pause a while its first four results are being written (and four more rows are on the
+    // wire, four claimed rows wait for a sink slot).
+    let answered = rx
+        .wait_until(
+            |reqs| reqs.iter().filter(|r| r.answered_at.is_some()).count() >= 4,
+            Duration::from_secs(15),
+        )
+        .await;
+    assert!(answered, "relay a delivered nothing");
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let h = only_sender(&rx.requests(), t0, "before the pause");
+    assert_eq!(h, "a");
+    let hi = index_of(&relays, &h);
+    let t_stop_sent = Instant::now();
+    relays[hi].signal("STOP");
+    let t_stop = Instant::now();
+    // Bytes already on the wire still arrive; nothing may be sent after this.
+    let wire = t_stop + Duration::from_millis(100);
+    let (_, epoch_h) = td.lease_row(&lease).await.expect("fencing row");
+
+    // The other relay takes over; the paused one's claims expire and are re-delivered.
+    td.wait_all_success(knobs.claim_ttl + Duration::from_secs(10))
+        .await;
+    let settled = snapshot(&td).await;
+    let (holder_now, epoch_now) = td.lease_row(&lease).await.expect("fencing row");
+    assert!(epoch_now > epoch_h, "the takeover must bump the epoch");
+    let reqs = rx.requests();
+    let before: Vec<&Received> = reqs
+        .iter()
+        .filter(|r| sender(r) == h && r.at <= wire)
+        .collect();
+    // The duplicate window (G3): rows the paused relay had sent but not yet recorded.
+    let sent_before_stop: HashSet<i64> = before.iter().filter_map(|r| r.id).collect();
+    let unanswered_at_stop = before
+        .iter()
+        .filter(|r| r.answered_at.is_none_or(|a| a > t_stop_sent))
+        .count();
+
+    // Wake it (claims long expired, rows re-delivered and recorded by the other relay).
+    let t_cont = Instant::now();
+    relays[hi].signal("CONT");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        relays[hi].running(),
+        "the woken relay must keep running (as a standby)"
+    );
+    let log = relays[hi].log_text();
+    assert!(
+        log.contains("lease lost"),
+        "the woken relay must notice its lease is gone:\n{log}"
+    );
+    let reqs = rx.requests();
+    let after_wake: Vec<String> = reqs
+        .iter()
+        .filter(|r| sender(r) == h && r.at > wire)
+        .map(|r| {
+            format!(
+                "row {:?} at +{:.0}ms after SIGSTOP (SIGCONT at +{:.0}ms)",
+                r.id,
+                delta_ms(t_stop, r.at),
+                delta_ms(t_stop, t_cont)
+            )
+        })
+        .collect();
+    assert!(
+        after_wake.is_empty(),
+        "the paused relay sent requests it had not put on the wire before SIGSTOP: {after_wake:?}"
+    );
+    let woken = snapshot(&td).await;
+    let changed: Vec<String> = settled
+        .iter()
+        .filter(|(id, v)| woken.get(id) != Some(v))
+        .map(|(id, v)| format!("row {id}: {v} -> {:?}", woken.get(id)))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the woken relay's writes changed rows: {changed:?}"
+    );
+    assert_eq!(
+        td.lease_row(&lease).await.expect("fencing row"),
+        (holder_now.clone(), epoch_now),
+        "the woken relay must not take the lease back"
+    );
+    let key = redis.get(&lease).await;
+    assert_eq!(key, holder_now, "the Redis key still names the successor");
+
+    // Duplicates: only rows whose request was in flight when the process stopped.
+    let counts = rx.count_by_id();
+    let dups: BTreeSet<i64> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in &dups {
+        assert!(
+            sent_before_stop.contains(id),
+            "row {id} received {} times but the paused relay had not sent it before SIGSTOP",
+            counts[id]
+        );
+        assert_eq!(counts[id], 2, "row {id} received more than twice");
+    }
+    for id in all_ids(&td).await {
+        assert!(
+            counts.contains_key(&id),
+            "row {id} SUCCESS but never received"
+        );
+    }
+    td.exec("DROP FUNCTION IF EXISTS {t}_slow() CASCADE").await;
+    println!(
+        "pause test: {} requests sent before SIGSTOP ({unanswered_at_stop} still unanswered), \
+         {} rows received twice (sent, not recorded: the allowed duplicate window); the woken \
+         relay sent nothing and changed no row",
+        sent_before_stop.len(),
+        dups.len()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. A foreign client's key keeps every relay out until it expires (and the relay's key keeps
+//    a foreign client out).
+
+/// Redis restarted under a holder, its key kept (append-only file): after the reconnection
+/// the holder claims nothing new until a renewal confirms the hold, then goes on under the
+/// same token and epoch (no needless failover).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_confirms_the_hold_before_claiming_again() {
+    let Some((mut redis, td, rx)) = setup(
+        "rl_reconnect",
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    )
+    .await
+    else {
+        return;
+    };
+    let knobs = Knobs {
+        ttl: Duration::from_secs(6),
+        renew_timeout: Duration::from_millis(500),
+        claim_ttl: Duration::from_secs(12),
+        ..Knobs::fast()
+    };
+    let lease = td.table.clone();
+    let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a"]);
+    let feeder = Feeder::start(td.store.clone(), Duration::from_millis(20));
+    rx.expect_requests(5, Duration::from_secs(15), "deliveries before the restart")
+        .await;
+    let (token, epoch) = assert_holder(&redis, &td, &lease, &relays, "a").await;
+    const CONFIRMING: &str = "confirming the hold before claiming again";
+    let before = relays[0].log_text().matches(CONFIRMING).count();
+
+    redis.restart().await;
+    let t_up = Instant::now();
+    let relay = &relays[0];
+    until(
+        "the holder confirms its hold",
+        Duration::from_secs(10),
+        || async move { relay.log_text().matches(CONFIRMING).count() > before },
+    )
+    .await;
+    let resumed = rx
+        .wait_until(
+            |reqs| reqs.iter().filter(|r| r.at > t_up).count() >= 5,
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(resumed, "deliveries did not resume after the reconnection");
+    let (token_after, epoch_after) = assert_holder(&redis, &td, &lease, &relays, "a").await;
+    assert_eq!(token_after, token, "the hold was confirmed, not re-taken");
+    assert_eq!(epoch_after, epoch, "no new epoch: the hold survived");
+    feeder.stop().await;
+}
