@@ -15,6 +15,7 @@ use sqlx::any::AnyRow;
 use super::builder::Sql;
 use super::cursor::Floors;
 use super::sql::SqlStore;
+use super::window::WINDOW_PER_ROW;
 use super::{ClaimRequest, Dialect, Probe};
 
 /// Most unfinished rows an idle read on PostgreSQL looks at to say when the next one is due
@@ -131,6 +132,25 @@ impl SqlStore {
                             " AND {open} ORDER BY n.{id} DESC LIMIT {}) w) \
                              AND {claimable}",
                             n.saturating_mul(NEWEST_WINDOW)
+                        ));
+                    }
+                    // A windowed oldest pick (`window.rs`) looks only at the first rows
+                    // above the floor, where the heads of keys that came free are, instead
+                    // of walking every row that waits behind its key.
+                    (Order::Oldest, Filter::Channel(c)) if floors.windowed.contains(*c) => {
+                        q.push(&format!(
+                            "SELECT {cols} FROM {t} o WHERE o.{id} IN (SELECT w.{id} FROM \
+                             (SELECT n.{id} FROM {t} n {hint} WHERE {} = ",
+                            self.pick_channel("n.")
+                        ))
+                        .text(c)
+                        .push(&format!(" AND {open}"));
+                        if let Some(floor) = floors.get(c) {
+                            q.push(&format!(" AND n.{id} > ")).int(*floor);
+                        }
+                        q.push(&format!(
+                            " ORDER BY n.{id} LIMIT {}) w) AND {claimable}",
+                            n.saturating_mul(WINDOW_PER_ROW)
                         ));
                     }
                     _ => {

@@ -34,7 +34,7 @@
 //!
 //! The state is per store, and so per relay loop: in claim mode each instance keeps its own.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -95,11 +95,12 @@ impl State {
     /// Each channel's floor now (the settled ones that waited out [`COMMIT_GRACE`] included);
     /// `planned`: for a claim that uses them, whose results may raise them again.
     fn current(&mut self, now: Instant, planned: bool) -> Floors {
-        self.channels
+        let at = self
+            .channels
             .iter_mut()
             .filter_map(|(name, c)| {
                 if planned {
-                    c.lowered = false;
+                    c.lowered_to = None;
                 }
                 while let Some(&(at, f)) = c.settling.front() {
                     if now.duration_since(at) < COMMIT_GRACE {
@@ -112,7 +113,12 @@ impl State {
                 let floor = c.floor.map(|f| keyed.map_or(f, |k| f.min(k)));
                 floor.map(|f| (name.clone(), f))
             })
-            .collect()
+            .collect();
+        Floors {
+            at,
+            full: false,
+            windowed: HashSet::new(),
+        }
     }
 
     /// Whether the next read should be a full walk.
@@ -161,15 +167,40 @@ struct Channel {
     /// the rows behind them in their keys stay within the picks' reach.
     keyed: BTreeSet<i64>,
     /// Lowered by a completion since the current claim was planned: that claim may have
-    /// looked before the row it was lowered for became claimable, so it does not raise it.
-    lowered: bool,
+    /// looked before the rows above it became claimable, so it raises the floor no higher.
+    /// (A completion during every claim, as when claims follow each other with rows in
+    /// flight, used to keep the floor where it was for good: each claim walked every row
+    /// finished since, on PostgreSQL and MariaDB their dead index entries too.)
+    lowered_to: Option<i64>,
     /// Floors learnt from claims that ran out of rows, with when: used after [`COMMIT_GRACE`].
     settling: VecDeque<(Instant, i64)>,
 }
 
-/// What one claim's oldest-first picks start after: channel -> floor (a channel not listed,
-/// or an empty map for a full walk, is read from its lowest id).
-pub(super) type Floors = HashMap<String, i64>;
+/// What one claim's oldest-first picks start after, and how far they look.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Floors {
+    /// Channel -> floor: its oldest pick reads ids above it (a channel not listed, or none
+    /// listed for a full walk, is read from its lowest id).
+    pub(super) at: HashMap<String, i64>,
+    /// A full walk: every channel is read from its lowest id, and none through a window.
+    pub(super) full: bool,
+    /// Channels whose oldest pick reads only a window of the first unfinished rows above
+    /// the floor, or from the lowest id without one (`window.rs`).
+    pub(super) windowed: HashSet<String>,
+}
+
+impl Floors {
+    /// The floor of `channel`, if it has one.
+    pub(super) fn get(&self, channel: &str) -> Option<&i64> {
+        self.at.get(channel)
+    }
+
+    /// No floor at all: a full walk.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.at.is_empty()
+    }
+}
 
 impl Cursors {
     /// The floors for the next claim.
@@ -223,7 +254,11 @@ impl Cursors {
             s.walked(now);
             s.walking = Some(now);
         }
-        (Floors::new(), Some(now))
+        let full = Floors {
+            full: true,
+            ..Floors::default()
+        };
+        (full, Some(now))
     }
 
     /// After a claim: `picked` is, per channel, (its budget, how much of it the newest pick
@@ -261,18 +296,17 @@ impl Cursors {
                 .collect(); // in id order: the store sorts what a claim returns
             let oldest = budget.saturating_sub(*newest) as usize;
             let c = s.channels.entry(name.to_string()).or_default();
-            if c.lowered {
-                continue;
-            }
+            let cap = |n: i64| c.lowered_to.map_or(n, |l| n.min(l));
             if ids.len() >= oldest {
                 // Replaced, not raised: after a full walk that found a backlog below the old
                 // floor (retries come due, a crashed instance's claims expired), the next
                 // claims go on from there at full speed instead of taking one budget of it
                 // per full walk. (A pick that started at a floor returns only rows above it.)
                 if let Some(&n) = ids.get(oldest.saturating_sub(1)) {
-                    c.floor = Some(n);
+                    c.floor = Some(cap(n));
                 }
             } else if let Some(&n) = ids.last() {
+                let n = cap(n);
                 c.settling.push_back((now, n));
             }
         }
@@ -306,9 +340,12 @@ impl Cursors {
             // key may be in any channel, so every channel's floor drops, not only its own.
             for (name, c) in s.channels.iter_mut() {
                 if keyed || (released && *name == channel) {
-                    c.floor = c.floor.map(|f| f.min(d.id - 1));
-                    c.settling.clear();
-                    c.lowered = true;
+                    let to = d.id - 1;
+                    c.floor = c.floor.map(|f| f.min(to));
+                    for (_, f) in c.settling.iter_mut() {
+                        *f = (*f).min(to);
+                    }
+                    c.lowered_to = Some(c.lowered_to.map_or(to, |l| l.min(to)));
                 }
             }
         }

@@ -41,6 +41,7 @@ mod shedlock;
 mod sql;
 mod sqlite;
 mod watch;
+mod window;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -273,7 +273,7 @@ async fn read_then_lock(
                 Some(c) => c[i].iter().copied().max(),
             };
             if let Some(high) = high {
-                let floor = floors.entry(channel.to_string()).or_insert(high);
+                let floor = floors.at.entry(channel.to_string()).or_insert(high);
                 *floor = (*floor).max(high);
             }
             next.push((channel.to_string(), budget - channel_got));

@@ -16,12 +16,10 @@ use sqlx::query::Query;
 use sqlx::{Any, AnyPool, Executor, Row};
 
 use super::builder::Sql;
-use super::claim::newest_share;
 use super::cursor::Cursors;
-use super::returned::to_claimed;
+use super::window::Windows;
 use super::{
     ClaimRequest, ClaimedRow, Columns, Completion, Dialect, NewRow, Probe, Queue, migrate, mysql,
-    mysql_claim,
 };
 use crate::BoxFuture;
 
@@ -44,6 +42,8 @@ pub struct SqlStore {
     statements: AtomicU64,
     /// Where each channel's claims start (see `cursor.rs`).
     pub(super) cursors: Cursors,
+    /// Which channels' oldest picks read only a window (see `window.rs`).
+    pub(super) windows: Windows,
     /// The table's column names and status values (the relay's own unless `[table]` maps an
     /// existing table).
     pub(super) cols: Columns,
@@ -285,6 +285,7 @@ impl SqlStore {
             table: table.to_string(),
             lease_rows_ready: Mutex::new(HashSet::new()),
             cursors: Cursors::default(),
+            windows: Windows::default(),
             statements: AtomicU64::new(0),
             cols: Columns::default(),
             sqlite_writer: (dialect == Dialect::Sqlite).then(|| tokio::sync::Mutex::new(())),
@@ -339,7 +340,7 @@ impl SqlStore {
     }
 
     /// Waits for this store's turn to write (SQLite; see the field), or at once elsewhere.
-    async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+    pub(super) async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
         match &self.sqlite_writer {
             Some(m) => Some(m.lock().await),
             None => None,
@@ -515,38 +516,7 @@ impl Queue for SqlStore {
             if req.asks_for_nothing() {
                 return Ok(Vec::new());
             }
-            let floors = self.cursors.plan();
-            let rows = {
-                let _writing = self.writing().await;
-                match self.dialect {
-                    Dialect::MySql { skip_locked, .. } => {
-                        mysql_claim::claim(self, req, skip_locked, &floors).await?
-                    }
-                    _ => self.claim_returning(req, &floors).await?,
-                }
-            };
-            let mut claimed = Vec::with_capacity(rows.len());
-            for row in &rows {
-                match to_claimed(row, req) {
-                    Ok(r) => claimed.push(r),
-                    // Cannot happen with a BIGINT primary key; if it does, the row's claim
-                    // expires and the others are still delivered.
-                    Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
-                }
-            }
-            // RETURNING gives no order; delivery order within a batch is id order. A row two
-            // picks found (oldest and newest first, see `picks`) is delivered once.
-            claimed.sort_by_key(|r| r.delivery.id);
-            claimed.dedup_by_key(|r| r.delivery.id);
-            if let Some(b) = &req.budgets {
-                let picked: Vec<(&str, u32, u32)> = b
-                    .channels
-                    .iter()
-                    .map(|(c, n)| (c.as_str(), *n, newest_share(*n, req.newest)))
-                    .collect();
-                self.cursors.claimed(&picked, &claimed);
-            }
-            Ok(claimed)
+            self.claim_planned(req).await
         })
     }
 

@@ -155,3 +155,91 @@ async fn blocked_keys_gauge_counts_keys_waiting_behind_an_unfinished_row(db: Db)
     );
     td.drop_table().await;
 }
+
+/// Enqueues `n` rows of channel `hook` under `key(i)`; returns their ids.
+async fn enqueue_keyed(td: &TestDb, n: usize, key: impl Fn(usize) -> String) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(td.enqueue("hook", "{}", Some(&key(i))).await);
+    }
+    ids
+}
+
+/// Delivers `rows` (claimed by `req`).
+async fn deliver(td: &TestDb, req: &ClaimRequest, rows: &[ClaimedRow]) {
+    let done: Vec<Completion> = rows
+        .iter()
+        .map(|r| completion(req, r.delivery.id, Resolution::Delivered))
+        .collect();
+    assert_eq!(complete(&*td.store, &done).await, rows.len() as u64);
+}
+
+per_db!(a_backlog_of_few_keys_is_claimed_from_a_window);
+/// Fewer keys than the claim could take, many rows each (docs/design.md, "Ordering keys and
+/// claim rounds"): after a walk that came back short (and slow; here every short walk counts),
+/// the next claim reads only the first rows of the channel, where the keys' next heads are,
+/// and takes exactly them, in one statement's pick.
+async fn a_backlog_of_few_keys_is_claimed_from_a_window(db: Db) {
+    let Some(td) = TestDb::open(db, "st_window").await else {
+        return;
+    };
+    let store = td.store.clone();
+    store.window_every_short_walk();
+    let rows = enqueue_keyed(&td, 200, |i| format!("k{}", i % 4)).await;
+    for round in 0..3 {
+        let req = hook_request(8, "a");
+        let windowed = store.windowed_claims();
+        let got = bounded("claim", store.claim(&req)).await;
+        assert_eq!(
+            ids(&got),
+            rows[round * 4..round * 4 + 4].to_vec(),
+            "round {round}: the four keys' heads"
+        );
+        let expected = u64::from(round > 0);
+        assert_eq!(
+            store.windowed_claims() - windowed,
+            expected,
+            "round {round}: windowed after the first (a full walk)"
+        );
+        deliver(&td, &req, &got).await;
+    }
+    td.drop_table().await;
+}
+
+per_db!(a_hot_key_in_the_window_hides_no_row_behind_it);
+/// A window full of one key's rows, behind its head: the windowed pick finds fewer rows than
+/// the walk before it, so the same claim walks the channel again, and takes every head a
+/// claim without a window would have taken.
+async fn a_hot_key_in_the_window_hides_no_row_behind_it(db: Db) {
+    let Some(td) = TestDb::open(db, "st_hot").await else {
+        return;
+    };
+    let store = td.store.clone();
+    store.window_every_short_walk();
+    let hot = enqueue_keyed(&td, 100, |_| "hot".into()).await;
+    let others = enqueue_keyed(&td, 8, |i| format!("k{}", i % 4)).await;
+
+    let first = hook_request(8, "a");
+    let got = bounded("claim", store.claim(&first)).await;
+    let mut heads = vec![hot[0]];
+    heads.extend(&others[..4]);
+    assert_eq!(ids(&got), heads, "the hot key's head and the others'");
+    deliver(&td, &first, &got).await;
+
+    let second = hook_request(8, "a");
+    let windowed = store.windowed_claims();
+    let got = bounded("claim", store.claim(&second)).await;
+    assert_eq!(
+        store.windowed_claims() - windowed,
+        1,
+        "the claim read a window"
+    );
+    let mut next = vec![hot[1]];
+    next.extend(&others[4..]);
+    assert_eq!(
+        ids(&got),
+        next,
+        "the hot key's next row, and the rows beyond the window"
+    );
+    td.drop_table().await;
+}
