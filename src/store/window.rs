@@ -140,7 +140,8 @@ impl SqlStore {
         let mut claimed = self.claim_rows(req, &floors).await?;
         let took = started.elapsed();
         if let Some(b) = &req.budgets {
-            let mut again = Vec::new();
+            // Per channel walked again: (channel, budget left, rows its oldest pick wanted).
+            let mut again: Vec<(String, u32, usize)> = Vec::new();
             for (channel, budget) in &b.channels {
                 let wanted = budget.saturating_sub(newest_share(*budget, req.newest)) as usize;
                 let found = of_channel(&claimed, channel);
@@ -148,7 +149,7 @@ impl SqlStore {
                     self.windows.walked(channel, found, wanted, took);
                 } else if self.windows.walk_again(channel, found, wanted) {
                     let left = budget.saturating_sub(u32::try_from(found).unwrap_or(u32::MAX));
-                    again.push((channel.clone(), left));
+                    again.push((channel.clone(), left, wanted));
                 }
             }
             if !again.is_empty() {
@@ -156,7 +157,10 @@ impl SqlStore {
                 // took are under this claim now, and are not taken twice.
                 let wide = ClaimRequest {
                     budgets: Some(Budgets {
-                        channels: again.clone(),
+                        channels: again
+                            .iter()
+                            .map(|(c, left, _)| (c.clone(), *left))
+                            .collect(),
                         others: None,
                     }),
                     newest: false,
@@ -167,13 +171,9 @@ impl SqlStore {
                 let started = Instant::now();
                 let more = self.claim_rows(&wide, &whole).await?;
                 let took = started.elapsed();
-                for (channel, budget) in &b.channels {
-                    if again.iter().any(|(c, _)| c == channel) {
-                        let wanted =
-                            budget.saturating_sub(newest_share(*budget, req.newest)) as usize;
-                        let found = of_channel(&claimed, channel) + of_channel(&more, channel);
-                        self.windows.walked(channel, found, wanted, took);
-                    }
+                for (channel, _, wanted) in &again {
+                    let found = of_channel(&claimed, channel) + of_channel(&more, channel);
+                    self.windows.walked(channel, found, *wanted, took);
                 }
                 claimed.extend(more);
             }
