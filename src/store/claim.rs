@@ -116,28 +116,21 @@ impl SqlStore {
             .map(|(i, (filter, n, order))| {
                 let cols = cols.replace("{pick}", &i.to_string());
                 let mut q = Sql::default();
-                match (order, &filter) {
-                    // The newest pick looks only at the channel's newest unfinished rows (a
-                    // window a few times its size, read from the end of the index): when
-                    // those are all waiting behind earlier rows of their ordering keys, it
-                    // finds nothing at once instead of walking the whole backlog.
-                    (Order::Newest, Filter::Channel(c)) => {
-                        q.push(&format!(
-                            "SELECT {cols} FROM {t} o WHERE o.{id} IN (SELECT w.{id} FROM \
-                             (SELECT n.{id} FROM {t} n {hint} WHERE {} = ",
-                            self.pick_channel("n.")
-                        ))
-                        .text(c)
-                        .push(&format!(
-                            " AND {open} ORDER BY n.{id} DESC LIMIT {}) w) \
-                             AND {claimable}",
-                            n.saturating_mul(NEWEST_WINDOW)
-                        ));
-                    }
-                    // A windowed oldest pick (`window.rs`) looks only at the first rows
-                    // above the floor, where the heads of keys that came free are, instead
-                    // of walking every row that waits behind its key.
+                // A window: the newest pick looks only at the channel's newest unfinished
+                // rows (a few times its size, read from the end of the index), so that when
+                // those all wait behind earlier rows of their ordering keys it finds nothing
+                // at once instead of walking the whole backlog; a windowed oldest pick
+                // (`window.rs`) only at the first rows above the floor, where the heads of
+                // keys that came free are.
+                let window = match (order, &filter) {
+                    (Order::Newest, Filter::Channel(c)) => Some((c, " DESC", NEWEST_WINDOW, None)),
                     (Order::Oldest, Filter::Channel(c)) if floors.windowed.contains(*c) => {
+                        Some((c, "", WINDOW_PER_ROW, floors.get(c)))
+                    }
+                    _ => None,
+                };
+                match window {
+                    Some((c, desc, per_row, floor)) => {
                         q.push(&format!(
                             "SELECT {cols} FROM {t} o WHERE o.{id} IN (SELECT w.{id} FROM \
                              (SELECT n.{id} FROM {t} n {hint} WHERE {} = ",
@@ -145,15 +138,15 @@ impl SqlStore {
                         ))
                         .text(c)
                         .push(&format!(" AND {open}"));
-                        if let Some(floor) = floors.get(c) {
+                        if let Some(floor) = floor {
                             q.push(&format!(" AND n.{id} > ")).int(*floor);
                         }
                         q.push(&format!(
-                            " ORDER BY n.{id} LIMIT {}) w) AND {claimable}",
-                            n.saturating_mul(WINDOW_PER_ROW)
+                            " ORDER BY n.{id}{desc} LIMIT {}) w) AND {claimable}",
+                            n.saturating_mul(per_row)
                         ));
                     }
-                    _ => {
+                    None => {
                         q.push(&format!(
                             "SELECT {cols} FROM {t} o {hint} WHERE {claimable}"
                         ));
