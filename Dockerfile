@@ -29,6 +29,8 @@ COPY src ./src
 COPY vendor ./vendor
 # benches/ only because Cargo.toml declares a bench target; tests are not built.
 COPY benches ./benches
+# Build settings for dependencies (the bundled SQLite's compile options).
+COPY .cargo ./.cargo
 # The cache mounts keep the registry and compiled dependencies between builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

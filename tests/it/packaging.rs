@@ -1,7 +1,7 @@
 //! The container build (Dockerfile) copies everything `cargo build` reads from the repository:
 //! a path the manifest names but the image lacks fails only when someone builds the image,
 //! which no other test does (the image's build stage copied `src/` and `benches/` but not
-//! the `vendor/` that `[patch.crates-io]` points at).
+//! the `vendor/` that `[patch.crates-io]` points at), nor `.cargo/config.toml`.
 
 use std::path::Path;
 
@@ -64,4 +64,14 @@ fn the_image_copies_every_local_path_the_manifest_names() {
         copied.contains(&"benches"),
         "the Dockerfile does not COPY benches"
     );
+    // .cargo/config.toml sets how dependencies are built (the bundled SQLite's options):
+    // cargo reads it from the build's directory, so the image must have it too.
+    if root.join(".cargo/config.toml").exists() {
+        assert!(
+            copied
+                .iter()
+                .any(|c| c.trim_start_matches("./").trim_end_matches('/') == ".cargo"),
+            "the Dockerfile does not COPY .cargo, whose config.toml sets how dependencies are built"
+        );
+    }
 }

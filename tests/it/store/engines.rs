@@ -645,3 +645,22 @@ async fn sqlite_claims_and_results_of_one_store_never_collide() {
     );
     td.drop_table().await;
 }
+
+/// The bundled SQLite is built without its memory counters (`.cargo/config.toml`; docs/design.md,
+/// "SQLite's memory counters"): SQLite lists the options it was compiled with, and a build
+/// that lost the setting (the config file removed, or `LIBSQLITE3_FLAGS` overridden without
+/// it) fails here instead of quietly taking a mutex at every allocation again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_is_built_without_its_memory_counters() {
+    let Some(td) = TestDb::open(Db::Sqlite, "st_memstat").await else {
+        return;
+    };
+    let options: Vec<String> = sqlx::query_scalar("PRAGMA compile_options")
+        .fetch_all(td.store.pool())
+        .await
+        .expect("compile_options");
+    assert!(
+        options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
+        "SQLite's compile options lack DEFAULT_MEMSTATUS=0: {options:?}"
+    );
+}
