@@ -330,6 +330,7 @@ pub fn row_decode(data: &[u8]) {
         claimer: "fuzz".into(),
         token: "t".into(),
         fence: None,
+        alone: false,
         exclude_channels: Vec::new(),
         max_payload_bytes: max,
         newest: false,

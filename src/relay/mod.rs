@@ -237,6 +237,7 @@ impl Relay {
                 claimer: s.instance_id.clone(),
                 token: token.clone(),
                 fence,
+                alone: s.mode == Mode::Leader,
                 exclude_channels: Vec::new(),
                 max_payload_bytes: Some(self.sinks.max_payload_bytes() as u64),
                 newest,

@@ -91,6 +91,13 @@ pub struct ClaimRequest {
     pub token: Arc<str>,
     /// Leader mode's epoch check; `None` in claim mode and with the `none` lease.
     pub fence: Option<Fence>,
+    /// No other instance claims from this table: leader mode, where a fence or, with the
+    /// `none` lease, the configuration ("a single instance") says so. On MySQL/MariaDB the
+    /// picks are then one locking read that stops at its budget, as under a fence; `false`
+    /// (claim mode) reads candidates first and locks only the rows it takes, so that claimers
+    /// do not wait on rows another merely looked at (docs/design.md, "Claim-mode locks on
+    /// MySQL").
+    pub alone: bool,
     /// Channels not to claim now (their sink is paused, or its rate limit could not start
     /// more rows before their claims expire).
     pub exclude_channels: Vec<String>,

@@ -32,9 +32,11 @@ type Tx<'t> = sqlx::Transaction<'t, sqlx::Any>;
 /// [`read_then_lock`]): the first is one statement, each later one two.
 const ROUNDS: usize = 3;
 
-/// The claim. Leader mode (a fence), and the picks that are not of one channel: a locking
-/// read of the picks (`SKIP LOCKED` where the server has it). Claim mode's per-channel picks:
-/// [`read_then_lock`]. Then the `UPDATE`.
+/// The claim. Leader mode (a fence, or the `none` lease's single instance:
+/// [`ClaimRequest::alone`]), and the picks that are not of one channel: a locking read of the
+/// picks (`SKIP LOCKED` where the server has it), which stops at its budget; the rows it
+/// walks stay locked until the commit, which costs no one anything where no other instance
+/// claims. Claim mode's per-channel picks: [`read_then_lock`]. Then the `UPDATE`.
 pub(super) async fn claim(
     store: &SqlStore,
     req: &ClaimRequest,
@@ -52,7 +54,8 @@ pub(super) async fn claim(
         return Ok(Vec::new());
     }
     let mut rows = match (&req.fence, &req.budgets) {
-        (None, Some(b)) => {
+        // Claim mode: other instances claim at the same moment.
+        (None, Some(b)) if !req.alone => {
             // The rows of channels no sink serves are failed as soon as they are claimed, so
             // the `NOT IN` pick walks few rows; read plainly it would also need a sort, which
             // MariaDB 10.11 got wrong (see docs/design.md, "Claim-mode locks on MySQL").

@@ -120,6 +120,7 @@ fn request(budget: u32, newest: bool) -> ClaimRequest {
         claimer: "props".into(),
         token: outbox_relay::random_token().into(),
         fence: None,
+        alone: false,
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         newest,

@@ -43,6 +43,7 @@ fn claim_all() -> ClaimRequest {
         claimer: "tz".into(),
         token: "tz-token".into(),
         fence: None,
+        alone: false,
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,

@@ -43,6 +43,31 @@ async fn an_idle_relay_reads_on_its_poll_not_on_each_lease_renewal() {
     assert!(ms(last.at) < 2_250, "claimed at {} ms", ms(last.at));
 }
 
+/// Leader mode tells the store that no other instance claims, also with the `none` lease,
+/// where no fence says so; claim mode that others may. On MySQL/MariaDB that decides how a
+/// claim reads its picks (`store::ClaimRequest::alone`).
+#[tokio::test(start_paused = true)]
+async fn only_leader_mode_claims_alone() {
+    for (mode, alone) in [(Mode::Leader, true), (Mode::Claim, false)] {
+        let queue = MemQueue::with_rows(&[("a", 4)]);
+        let a = TimedSink::new(Duration::from_millis(5));
+        let mut s = settings(8, 8);
+        s.mode = mode;
+        let (relay, stop) = relay(queue.clone(), vec![("a", a.clone(), 8)], s, None);
+        let task = tokio::spawn(relay.run());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.cancel();
+        task.await.expect("relay task");
+        assert_eq!(a.sent().len(), 4, "{mode:?}");
+        let claims = queue.claims();
+        assert!(!claims.is_empty(), "{mode:?}");
+        assert!(
+            claims.iter().all(|c| c.alone == alone),
+            "{mode:?}: {claims:?}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
     let (queue, a, relay, stop) = idle_relay();

@@ -47,6 +47,8 @@ struct ClaimLog {
     epoch: Option<i64>,
     /// Whether it asked for some of each channel's newest rows too.
     newest: bool,
+    /// Whether it said no other instance claims (leader mode).
+    alone: bool,
 }
 
 /// The outbox as a map, with the claim and result semantics of the SQL store (due rows in id
@@ -188,6 +190,7 @@ impl Queue for MemQueue {
                 got: claimed.len(),
                 epoch: req.fence.as_ref().map(|f| f.epoch),
                 newest: req.newest,
+                alone: req.alone,
             });
             Ok(claimed)
         })

@@ -28,6 +28,20 @@ async fn finished_then_due(td: &TestDb, due: usize) {
 /// See [`finished_then_due`].
 const FINISHED: usize = 10_000;
 
+/// The server's `Handler_read_next` for the session of `store`'s only connection (MySQL/MariaDB):
+/// index entries read in order so far.
+async fn handler_read_next(store: &SqlStore) -> i64 {
+    let row = sqlx::query("SHOW SESSION STATUS LIKE 'Handler_read_next'")
+        .fetch_one(store.pool())
+        .await
+        .expect("status");
+    row.try_get::<String, _>(1)
+        .ok()
+        .and_then(|v| v.parse::<i64>().ok())
+        .or_else(|| row.try_get::<i64, _>(1).ok())
+        .expect("a number")
+}
+
 /// No claim walks finished rows (MySQL/MariaDB, which has no partial indexes): with thousands
 /// of SUCCESS rows before the due ones, in the claimed channel and under the due rows'
 /// ordering key, a claim reads about as many index entries as it returns rows. Counted with
@@ -42,17 +56,7 @@ async fn mysql_claims_never_walk_finished_rows() {
     let store = SqlStore::connect(&td.url, &td.table, 1, Duration::from_secs(5))
         .await
         .expect("connect");
-    let read_next = || async {
-        let row = sqlx::query("SHOW SESSION STATUS LIKE 'Handler_read_next'")
-            .fetch_one(store.pool())
-            .await
-            .expect("status");
-        row.try_get::<String, _>(1)
-            .ok()
-            .and_then(|v| v.parse::<i64>().ok())
-            .or_else(|| row.try_get::<i64, _>(1).ok())
-            .expect("a number")
-    };
+    let read_next = || handler_read_next(&store);
     let mut req = request(10, LONG, "a", None);
     req.budgets = Some(Budgets {
         channels: vec![("hook".into(), 10)],
@@ -65,6 +69,41 @@ async fn mysql_claims_never_walk_finished_rows() {
     assert!(
         read < 100,
         "the claim read {read} index entries past {FINISHED} finished rows"
+    );
+    td.drop_table().await;
+}
+
+/// A claim that says no other instance claims (leader mode; `ClaimRequest::alone`) reads its
+/// picks in one locking read that stops at its budget, on MySQL/MariaDB. A claim-mode claim
+/// first reads three times its budget of candidates without locks, then locks the ones it
+/// takes. Both take ten rows of a backlog; the claim alone reads fewer index entries (the
+/// server's `Handler_read_next` on the store's only connection). With the `none` lease in
+/// leader mode, claims took claim mode's path before: over a backlog of few ordering keys its
+/// candidate read walked every row waiting behind a key, every claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_claim_alone_reads_no_candidates() {
+    let Some(td) = TestDb::open(Db::MySql, "st_alone").await else {
+        return;
+    };
+    td.insert_hooks(200).await;
+    td.exec("ANALYZE TABLE {t}").await;
+    let store = SqlStore::connect(&td.url, &td.table, 1, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let read_next = || handler_read_next(&store);
+    let mut read = Vec::new();
+    for alone in [false, true] {
+        let mut req = hook_request(10, if alone { "leader" } else { "claimer" });
+        req.alone = alone;
+        let before = read_next().await;
+        let rows = bounded("claim", store.claim(&req)).await;
+        read.push(read_next().await - before);
+        assert_eq!(rows.len(), 10, "alone: {alone}");
+    }
+    let (candidates, alone) = (read[0], read[1]);
+    assert!(
+        alone < candidates && alone <= 20,
+        "index entries read: {alone} by the claim alone, {candidates} by claim mode's"
     );
     td.drop_table().await;
 }

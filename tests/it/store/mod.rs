@@ -35,6 +35,7 @@ fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> Cl
         claimer: claimer.to_string(),
         token: token(),
         fence,
+        alone: false,
         exclude_channels: Vec::new(),
         max_payload_bytes: None,
         budgets: None,
