@@ -702,4 +702,5 @@ async fn sqlite_is_built_without_its_memory_counters() {
         options.iter().any(|o| o == "DEFAULT_MEMSTATUS=0"),
         "SQLite's compile options lack DEFAULT_MEMSTATUS=0: {options:?}"
     );
+    td.drop_table().await;
 }
