@@ -253,7 +253,7 @@ const CEILING_RUN_LIMIT: Duration = Duration::from_secs(30);
 /// The latency runs: (rows per second, seconds).
 const LATENCY_RATES: [(u32, u32); 2] = [(100, 5), (1000, 5)];
 /// A webhook sink's default `concurrency` (the sends at once), which the ceiling run uses.
-const DEFAULT_SINK_CONCURRENCY: u32 = 64;
+const DEFAULT_SINK_CONCURRENCY: u32 = outbox_relay::config::DEFAULT_CONCURRENCY;
 /// Requests sent to the Node receiver before anything is measured (see `main`).
 const NODE_WARM_UP: usize = 150_000;
 /// Sink timeout used by the relay and mirrored by the naive loop's client.
