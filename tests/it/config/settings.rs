@@ -79,6 +79,16 @@ fn an_empty_file_gives_the_builtin_defaults() {
     assert!(matches!(kind(&s, &log.name), SinkKind::Log));
     assert_eq!(s.sinks.len(), 1);
     assert!(s.source.is_some());
+    // The sends at once and the slots the README and docs/design.md ("Sends at once") state,
+    // for the built-in sink and for a sink table that leaves `concurrency` out.
+    assert_eq!(s.relay.max_in_flight, 1024);
+    assert_eq!(log.common.concurrency, 128);
+    let hook = ok(
+        "[sinks.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:9/\"\n",
+        &[],
+    );
+    let hook = hook.sinks.get("hook").expect("a sink named hook");
+    assert_eq!(hook.common.concurrency, 128);
 }
 
 #[test]
