@@ -113,7 +113,8 @@ pub(crate) async fn relay_run_on(
         .max_in_flight(max_in_flight)
         .poll_interval(Duration::from_millis(500))
         .hook(|s| s.timeout(SINK_TIMEOUT));
-    // Unset, the sink's own cap is its default (`DEFAULT_SINK_CONCURRENCY`), whatever max_in_flight says.
+    // Unset, the sink's own cap is its default (`DEFAULT_SINK_CONCURRENCY`), whatever
+    // max_in_flight says.
     if let Some(c) = sink_concurrency {
         cfg = cfg.hook(|s| s.concurrency(c));
     }

@@ -82,9 +82,9 @@ pub struct RelaySettings {
     /// waiting for their result to be written), across all sinks. Sends at once are capped by
     /// each sink's `concurrency`; the rest of the slots let the next rows be claimed while
     /// the current ones are sent and recorded. Default 1,024: eight times a sink's default
-    /// `concurrency` (128), so a busy sink has as many rows claimed ahead as it sends, and
-    /// results waiting to be written hold no send back (see `sinks::DEFAULT_CONCURRENCY` for
-    /// the measurement; 512 with 128 sends at once gave half of the gain, 1,024 with 64 little).
+    /// `concurrency`, room for its rows claimed ahead and for results waiting to be written
+    /// (see `sinks::DEFAULT_CONCURRENCY` for the measurement; 512 with 128 sends at once gave
+    /// half of the gain, 1,024 with 64 little).
     pub max_in_flight: u32,
     /// How long a claim keeps other instances off a row.
     #[serde(deserialize_with = "duration::deserialize")]

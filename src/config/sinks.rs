@@ -70,10 +70,10 @@ fn default_timeout() -> Duration {
 
 /// A sink's `concurrency` when the config leaves it out: one sink sends at most this many at
 /// once, and one to a few times as many more are claimed ahead for it while relay slots are
-/// free (an eighth of `relay.max_in_flight`'s default). 128 rather than 64
-/// since the relay loop, its deliveries and its database work moved to threads of their own:
-/// against a loopback receiver the receiver, the relay and the database each sat idle part of
-/// the time while 64 requests went back and forth; with 128 sends at once (and 1,024 slots)
+/// free (an eighth of `relay.max_in_flight`'s default). 128 rather than 64 since the relay
+/// loop, its deliveries and its database work moved to threads of their own: against a
+/// loopback receiver the receiver, the relay and the database each sat idle part of the time
+/// while 64 requests went back and forth; with 128 sends at once (and 1,024 slots)
 /// the release binary drained 1.11x the rows/s on PostgreSQL (three alternate pairs of 60,000
 /// rows), 1.06x on MariaDB and 1.09x on SQLite (three pairs of 40,000 each), at the same CPU
 /// per row (docs/design.md, "Sends at once"). A vendor's limit on requests a second is set

@@ -321,7 +321,8 @@ mod tests {
 
     #[test]
     fn a_small_write_never_waits_for_more_rows_than_can_be_in_flight() {
-        assert_eq!(gather_rows(1024), 128, "the default");
+        let default = crate::config::RelaySettings::default().max_in_flight;
+        assert_eq!(gather_rows(default), 128, "the default");
         assert_eq!(gather_rows(100_000), GATHER_ROWS);
         assert_eq!(gather_rows(64), 64, "64 in flight can never gather 128");
         assert_eq!(gather_rows(1), 1);
