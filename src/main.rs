@@ -8,9 +8,8 @@ use outbox_relay::cli::{self, Cli, CliError};
 /// every row, often on different threads (a row decoded on one runtime worker is sent and
 /// dropped on another; SQLite's rows come from its own worker thread), which glibc's
 /// allocator serves with arena locks and chunk consolidation (13% of the CPU in a profile of
-/// a SQLite drain). Measured alternately on SQLite, twelve runs each: 1.11x the rows/s, the share
-/// of the receiver's ceiling 49% against 43-44%. Built without transparent huge pages
-/// (`no_thp`): with them its resident memory doubled (idle 30 MiB instead of 17).
+/// a SQLite drain). Built without transparent huge pages (`no_thp`), which doubled its
+/// resident memory (docs/performance-log.md, "mimalloc").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -27,10 +26,8 @@ fn main() {
     };
     // On a worker, not on this thread: `block_on` polls its future on the calling thread,
     // which put the relay loop beside the runtime's workers instead of on one, and every
-    // delivery it spawned and every slot a delivery freed crossed threads (a futex call per
-    // two rows under strace; 12 calls in a 20,000-row drain once spawned). Release binary
-    // against Node, five alternate PostgreSQL drains of 60,000 rows: the relay's CPU per row
-    // over the receiver's 0.94x, lower in all five (docs/design.md, "Threads").
+    // delivery it spawned and every slot a delivery freed crossed threads (docs/design.md,
+    // "Threads"; docs/performance-log.md, "The command runs on a worker").
     let result = runtime.block_on(async {
         tokio::spawn(cli::execute(cli))
             .await

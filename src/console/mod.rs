@@ -1,5 +1,5 @@
 //! The operator console: server-rendered pages on `console.listen` to see what is waiting,
-//! failing and holding the lease, and to requeue or purge FAILED rows (README, "Console").
+//! failing and holding the lease, and to requeue or purge FAILED rows (docs/console.md).
 //!
 //! Guarantees:
 //! - off unless `[console]` is configured; on its own address, never on the metrics port;

@@ -1,4 +1,4 @@
-//! Turning an FCM answer into an [`Outcome`] (FCM HTTP v1 error codes, as the README's Sinks section lists them).
+//! Turning an FCM answer into an [`Outcome`] (FCM HTTP v1 error codes, as docs/sinks.md lists them).
 //!
 //! The FCM error code in `error.details[]` (`@type` ...`google.firebase.fcm.v1.FcmError`)
 //! decides first, because the top-level `status` can say `NOT_FOUND` while the code says

@@ -85,9 +85,9 @@ impl WebhookSink {
             .map(|t| t.as_secs())
             .unwrap_or(0);
         // The request's headers are built in one map sized for them and moved into the
-        // request: the builder's `header` calls parse each name and grow the map, which was
-        // 2-3% of the relay's CPU in a profile of a drain. The configured headers come first
-        // and ours are appended, as the builder did.
+        // request: the builder's `header` calls parse each name and grow the map
+        // (docs/performance-log.md, "Less relay CPU per delivery"). The configured headers
+        // come first and ours are appended, as the builder did.
         let mut headers = HeaderMap::with_capacity(self.headers.len() + 8);
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
