@@ -79,18 +79,21 @@ pub(crate) async fn naive_run_on(
 ) -> anyhow::Result<NaiveRun> {
     prepare_table(url, table, n, true, Rows::default()).await?;
     let store = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
-    let d = store.dialect();
-    let select = d.finalize(&format!(
-        "SELECT id, {} FROM {table} WHERE status IN ('PENDING', 'RETRY')
-           AND next_attempt_at <= {now} ORDER BY id LIMIT 1",
-        d.payload_text("payload"),
-        now = d.now()
-    ));
-    let update = d.finalize(&format!(
+    // The naive poller's own SQL: the payload as text, and its one placeholder.
+    let (payload, placeholder) = match db {
+        Db::Postgres => ("payload::text", "$1"),
+        Db::MySql => ("CAST(payload AS CHAR)", "?"),
+        Db::Sqlite => ("payload", "?"),
+    };
+    let now = store.now_sql();
+    let select = format!(
+        "SELECT id, {payload} FROM {table} WHERE status IN ('PENDING', 'RETRY')
+           AND next_attempt_at <= {now} ORDER BY id LIMIT 1"
+    );
+    let update = format!(
         "UPDATE {table} SET status = 'SUCCESS', attempts = attempts + 1, sent_at = {now},
-           updated_at = {now} WHERE id = ?",
-        now = d.now()
-    ));
+           updated_at = {now} WHERE id = {placeholder}"
+    );
     let client = sink_like_client()?;
     let target = reqwest::Url::parse(&receiver.url)?;
     let pool = store.pool();

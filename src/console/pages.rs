@@ -53,7 +53,14 @@ pub(super) fn csrf_field(c: &Console, who: &Who) -> String {
 
 /// A page with the frame, for `who`.
 pub(super) fn framed(c: &Console, who: &Who, title: &str, body: &str) -> Response {
-    page(title, who, &c.inner.auth.csrf(who), body)
+    let csrf = c.inner.auth.csrf(who);
+    page(
+        title,
+        who.operator.as_deref(),
+        who.session.is_some(),
+        &csrf,
+        body,
+    )
 }
 
 /// `GET /`.

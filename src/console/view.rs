@@ -8,8 +8,6 @@ use std::time::Duration;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 
-use super::auth::Who;
-
 /// `s` with the five HTML-special characters escaped (safe in text and in quoted attributes).
 pub(super) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
@@ -49,14 +47,19 @@ pub(super) fn age(d: Duration) -> String {
     }
 }
 
-/// A page with the navigation bar (for a logged-in operator).
-pub(super) fn page(title: &str, who: &Who, csrf: &str, body: &str) -> Response {
-    let operator = who
-        .operator
-        .as_deref()
+/// A page with the navigation bar, for a logged-in operator (named, if they gave a name); a
+/// login session (rather than a bearer token) gets a logout button.
+pub(super) fn page(
+    title: &str,
+    operator: Option<&str>,
+    session: bool,
+    csrf: &str,
+    body: &str,
+) -> Response {
+    let operator = operator
         .map(|o| format!("<span class=\"who\">{}</span>", esc(o)))
         .unwrap_or_default();
-    let logout = if who.session.is_some() {
+    let logout = if session {
         format!(
             r#"<form method="post" action="/logout" class="logout"><input type="hidden" name="csrf" value="{}"><button type="submit">Log out</button></form>"#,
             esc(csrf)

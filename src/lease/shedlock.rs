@@ -85,7 +85,8 @@ impl Lease for ShedLockLease {
             let sent_at = Instant::now();
             let taken = self
                 .store
-                .shedlock_acquire(&self.table, &self.name, &token, self.ttl)
+                .shedlock()
+                .acquire(&self.table, &self.name, &token, self.ttl)
                 .await
                 .with_context(|| self.context())?;
             if !taken {
@@ -106,7 +107,8 @@ impl Lease for ShedLockLease {
             };
             let extended = self
                 .store
-                .shedlock_extend(&self.table, &self.name, &token, self.ttl)
+                .shedlock()
+                .extend(&self.table, &self.name, &token, self.ttl)
                 .await
                 .with_context(|| self.context())?;
             if !extended {
@@ -121,7 +123,8 @@ impl Lease for ShedLockLease {
             if let Some(token) = self.held.get() {
                 self.held.set(None);
                 self.store
-                    .shedlock_release(&self.table, &self.name, &token)
+                    .shedlock()
+                    .release(&self.table, &self.name, &token)
                     .await
                     .with_context(|| self.context())?;
             }

@@ -1,5 +1,5 @@
 //! Batches result writes: completions from many deliveries are written together, one statement
-//! per outcome kind and claim batch, instead of one statement per row.
+//! per outcome kind (each row under its own claim token), instead of one statement per row.
 //!
 //! Guarantees:
 //! - every completion handed to the recorder is written, retried while the database is
@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinHandle;
 
-use crate::store::{Completion, Incomplete, Queue, Resolution, is_transient};
+use crate::store::{Completion, Failure, Queue, Resolution, WriteError};
 
 /// Most completions written in one go.
 const FLUSH_ROWS: usize = 256;
@@ -212,19 +212,16 @@ async fn write(store: &dyn Queue, batch: Vec<Completion>) -> Written {
                 Err(e) => {
                     // Drop what the failed call did write, so it is neither written twice
                     // nor counted as not applied.
-                    if let Some(inc) = e.downcast_ref::<Incomplete>() {
-                        let handled = inc.handled.len() as u64;
-                        out.not_applied += handled.saturating_sub(inc.changed);
-                        let mut i = 0;
-                        part.retain(|_| {
-                            let keep = !inc.handled.contains(&i);
-                            i += 1;
-                            keep
-                        });
-                    }
-                    if is_transient(&e) {
+                    out.not_applied += (e.handled.len() as u64).saturating_sub(e.changed);
+                    let mut i = 0;
+                    part.retain(|_| {
+                        let keep = !e.handled.contains(&i);
+                        i += 1;
+                        keep
+                    });
+                    if e.failure == Failure::Transient {
                         metrics::counter!(crate::metric::RESULT_WRITE_ERRORS, "kind" => "transient").increment(1);
-                        tracing::warn!(error = %format!("{e:#}"), rows = part.len(), retry_in_ms = wait.as_millis() as u64, "writing results failed; retrying");
+                        tracing::warn!(error = %e, rows = part.len(), retry_in_ms = wait.as_millis() as u64, "writing results failed; retrying");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(MAX_RETRY_WAIT);
                         continue;
@@ -265,13 +262,13 @@ fn generic_reason(r: &Resolution) -> String {
 /// A single result the database refused: queue the row's fallback (FAILED with a generic
 /// reason), or, if the refused result already was that fallback, give up on the row (its claim
 /// expires and it is delivered again later; logged and counted).
-fn isolate(c: Completion, e: &anyhow::Error, work: &mut Vec<Vec<Completion>>) {
+fn isolate(c: Completion, e: &WriteError, work: &mut Vec<Vec<Completion>>) {
     let is_fallback =
         matches!(&c.resolution, Resolution::Failed { error } if error.starts_with(FALLBACK_PREFIX));
     if is_fallback {
         tracing::error!(
             id = c.id,
-            error = %format!("{e:#}"),
+            error = %e,
             "the database refused even the generic result for this row; it stays claimed until its claim expires"
         );
         metrics::counter!(crate::metric::RESULT_WRITE_ERRORS, "kind" => "dropped").increment(1);
@@ -280,7 +277,7 @@ fn isolate(c: Completion, e: &anyhow::Error, work: &mut Vec<Vec<Completion>>) {
     tracing::error!(
         id = c.id,
         resolution = ?c.resolution,
-        error = %format!("{e:#}"),
+        error = %e,
         "the database refused this row's result; finishing it FAILED with a generic reason"
     );
     work.push(vec![Completion {

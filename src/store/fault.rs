@@ -1,4 +1,4 @@
-//! Which database errors go away by themselves, and what a partly written result batch did.
+//! Which database errors go away by themselves.
 //!
 //! The recorder retries a transient failure (connection lost, lock or statement timeout,
 //! deadlock, server shutting down) for as long as it lasts, and splits a batch that failed for
@@ -7,8 +7,6 @@
 //! one bad row; in the other it gives up on rows during an ordinary outage. So anything not
 //! recognised as a refusal of the data is treated as transient (see docs/design.md, "Failure
 //! model").
-
-use std::fmt;
 
 /// True when `e` (anywhere in its chain) is a database failure that retrying the same
 /// statement later can cure.
@@ -75,36 +73,6 @@ fn sqlite_transient(code: i64) -> bool {
     matches!(code & 0xff, 5 | 6 | 7 | 10 | 13 | 14 | 15)
 }
 
-/// A result batch whose statements ran only in part: `handled` lists the positions (in the
-/// slice given to `complete`) whose statement committed, so a retry does not write them again
-/// (their claim token is cleared, a second write would change nothing and be miscounted).
-#[derive(Debug)]
-pub struct Incomplete {
-    /// Positions of the completions already written.
-    pub handled: Vec<usize>,
-    /// Rows changed by the statements that did commit.
-    pub changed: u64,
-    /// Why the next statement failed.
-    pub source: anyhow::Error,
-}
-
-impl fmt::Display for Incomplete {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "writing results failed after {} of them were written: {:#}",
-            self.handled.len(),
-            self.source
-        )
-    }
-}
-
-impl std::error::Error for Incomplete {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(self.source.as_ref())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,11 +114,7 @@ mod tests {
     fn anything_unknown_is_transient() {
         assert!(is_transient(&anyhow::anyhow!("pool unreachable")));
         assert!(!is_transient(&anyhow::Error::new(sqlx::Error::RowNotFound)));
-        let wrapped = anyhow::Error::new(Incomplete {
-            handled: vec![0],
-            changed: 1,
-            source: anyhow::Error::new(sqlx::Error::PoolTimedOut),
-        });
+        let wrapped = anyhow::Error::new(sqlx::Error::PoolTimedOut).context("a claim");
         assert!(is_transient(&wrapped));
     }
 }

@@ -1,11 +1,16 @@
 //! The outbox table and the lease table, on PostgreSQL, MySQL 8 / MariaDB 10.6+ and SQLite.
 //!
-//! Two seams, each shaped by its caller: [`Queue`] (claim and complete: the relay loop) and
-//! [`LeaseTable`] (the lease row and the fencing epoch: the lease module). The operator's
-//! queries (`status`, `failed`, `requeue`, `purge`, the table sample, `migrate`, `enqueue`)
-//! are plain methods of [`SqlStore`]. Each database's own statements live beside its schema
-//! (`postgres.rs`, `mysql.rs`, `sqlite.rs`); statements are assembled with one builder that
-//! appends text and values together.
+//! Laid out by database and by caller (docs/design.md, "Code layout"):
+//! - the shared part: `model.rs` (the values that cross the seams), `fault.rs` (which errors
+//!   pass), `sql/` (the dialect and its syntax, the statement builder, identifiers, the
+//!   table's columns) and `db/` (the handle every statement goes through, and opening it);
+//! - the callers, each defining what it needs from a database: `claim/` (claims and the idle
+//!   read), `queue/` (the relay's seam [`Queue`], results, arrivals, the database thread),
+//!   `schema/` (migrations, the live check, `migrate --adopt`), `locks/` (the lease table and
+//!   ShedLock's, the lease module's seam [`LeaseTable`]), `admin/` (the operator's queries);
+//! - one folder per database, implementing those: `postgres/`, `mysql/`, `sqlite/`;
+//! - `engine.rs`, which picks the folder for a dialect, and [`SqlStore`] (`sql_store.rs`),
+//!   which the rest of the relay holds.
 //!
 //! Guarantees (G1, G2; docs/design.md, "Claims" and "Results"):
 //! - a claim takes only rows that are due, unclaimed or whose claim expired, and (with a
@@ -16,435 +21,47 @@
 //!   taken by someone else changes no row (G2);
 //! - rows with the same `ordering_key` are claimable one at a time, in id order;
 //! - claims and result writes are batched: one claim statement per batch, one result statement
-//!   per outcome kind and claim batch, never one statement per row on the happy path.
+//!   per outcome kind (each row under its own claim token), never one statement per row on
+//!   the happy path.
 
 mod admin;
-mod adopt;
-mod builder;
 mod claim;
-mod columns;
-mod console;
-mod cursor;
-mod db_thread;
-mod dialect;
+mod db;
+mod engine;
 mod fault;
-mod get_lock;
-mod ident;
-mod lease_table;
-mod migrate;
+mod locks;
+mod model;
 mod mysql;
-mod mysql_claim;
 mod postgres;
-mod results;
-mod returned;
-mod shedlock;
+mod queue;
+mod schema;
 mod sql;
+mod sql_store;
 mod sqlite;
-mod watch;
-mod window;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use admin::NO_AGE;
-pub use adopt::Problem;
-pub use columns::{Columns, Owned, State};
-pub use console::MAX_PAGE;
-pub use db_thread::{OnDbThread, on_db_thread};
-pub use dialect::Dialect;
-pub use fault::{Incomplete, is_transient};
-pub use get_lock::LockSession;
-pub use postgres::listen;
+pub use admin::console::MAX_PAGE;
+pub use db::WARM_CONNECTIONS;
+pub use fault::is_transient;
+pub use locks::LeaseTable;
+pub use locks::shedlock::{ShedLock, ShedLockTable};
+pub use model::*;
+pub use mysql::get_lock::LockSession;
+pub use postgres::notify::listen;
+pub use queue::arrivals::{Arrivals, NEW_ROWS_CHECK, watch_new_rows};
+pub use queue::db_thread::{OnDbThread, on_db_thread};
+pub use queue::{Failure, Queue, WriteError};
+pub use schema::check::Problem;
+pub use sql::ident::bare;
+pub use sql::{Columns, Dialect, Owned, State};
+pub use sql_store::SqlStore;
+
 /// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
 #[doc(hidden)]
-pub use returned::to_claimed;
-pub use shedlock::ShedLockTable;
-pub use sql::{SqlStore, WARM_CONNECTIONS};
-pub use watch::{Arrivals, NEW_ROWS_CHECK, watch_new_rows};
-
-use crate::BoxFuture;
-use crate::sink::Delivery;
-
-/// The statuses of the state machine (docs/design.md, "The table and its states").
-pub const STATUSES: [&str; 4] = ["PENDING", "RETRY", "SUCCESS", "FAILED"];
-
-/// The longest `last_error` stored; longer reasons are cut (at a character boundary).
-pub const MAX_ERROR_LEN: usize = 1000;
-
-/// Leader-mode fencing: claim only while `outbox_relay_lease.epoch` for `lease` is `epoch`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fence {
-    pub lease: String,
-    pub epoch: i64,
-}
-
-/// What to claim.
-#[derive(Debug, Clone)]
-pub struct ClaimRequest {
-    /// Most rows to take.
-    pub limit: u32,
-    /// How long the claim lasts (`claimed_until = now + ttl` on the database clock).
-    pub ttl: Duration,
-    /// Written to `claimed_by`.
-    pub claimer: String,
-    /// The random token written to `claim_token`; result writes must present it.
-    pub token: Arc<str>,
-    /// Leader mode's epoch check; `None` in claim mode and with the `none` lease.
-    pub fence: Option<Fence>,
-    /// No other instance claims from this table: leader mode, where a fence or, with the
-    /// `none` lease, the configuration ("a single instance") says so. On MySQL/MariaDB the
-    /// picks are then one locking read that stops at its budget, as under a fence; `false`
-    /// (claim mode) reads candidates first and locks only the rows it takes, so that claimers
-    /// do not wait on rows another merely looked at (docs/design.md, "Claim-mode locks on
-    /// MySQL").
-    pub alone: bool,
-    /// Channels not to claim now (their sink is paused, or its rate limit could not start
-    /// more rows before their claims expire).
-    pub exclude_channels: Vec<String>,
-    /// Payloads longer than this (bytes, measured by the database) are not loaded: the row
-    /// comes back [`ClaimedRow::undeliverable`] and is finished FAILED. Bounds the relay's
-    /// memory whatever the table holds. `None`: no limit.
-    pub max_payload_bytes: Option<u64>,
-    /// Take one row in eight of each channel's budget from its newest end (see
-    /// `claim.rs`, "picks"), so that under a backlog a row just committed is not left behind
-    /// it. The relay asks for it a few times a second, not on every claim: the extra pick
-    /// costs the database as much as a small claim.
-    pub newest: bool,
-    /// Per-channel caps. `None`: up to `limit` rows of any channel but the excluded ones.
-    /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
-    /// ignored), so that the claim asks only for what each sink can start now.
-    pub budgets: Option<Budgets>,
-}
-
-impl ClaimRequest {
-    /// No row may be taken (a zero limit, or budgets of zero): the store sends no statement
-    /// (an empty set of picks is not valid SQL).
-    pub fn asks_for_nothing(&self) -> bool {
-        self.budgets.as_ref().is_some_and(|b| b.total() == 0) || self.limit == 0
-    }
-}
-
-/// What an idle poll's read found ([`Queue::probe`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
-    /// A row is claimable now.
-    Claimable,
-    /// Nothing is claimable now, and by the clock alone nothing will be for at least
-    /// `quiet_for`: the earliest `next_attempt_at` of the unfinished rows is that far ahead
-    /// ([`Duration::MAX`] when no row is unfinished). It is zero when a row is due but not
-    /// claimable (under a live claim, behind its ordering key, of a channel not asked for),
-    /// when more than a thousand rows are unfinished (the read looks at no more), and on
-    /// MySQL/MariaDB and SQLite, which are not asked (only PostgreSQL's NOTIFY makes
-    /// the relay wait longer than `poll_interval`; docs/design.md, "Idle cost"). Rows written
-    /// meanwhile (an insert, a requeue, another instance's result) are not foreseen.
-    Nothing { quiet_for: Duration },
-}
-
-/// How many rows of each channel a claim may take.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Budgets {
-    /// (channel, most rows), for channels with a budget above zero.
-    pub channels: Vec<(String, u32)>,
-    /// Rows of channels that no sink serves (they are finished FAILED): (every channel a
-    /// sink serves, most rows). `None`: do not look for such rows in this claim.
-    pub others: Option<(Vec<String>, u32)>,
-}
-
-impl Budgets {
-    /// The most rows a claim with these budgets can take.
-    pub fn total(&self) -> u32 {
-        self.channels.iter().map(|(_, n)| n).sum::<u32>() + self.others.as_ref().map_or(0, |o| o.1)
-    }
-}
-
-/// A claimed row.
-#[derive(Debug, Clone)]
-pub struct ClaimedRow {
-    pub delivery: Delivery,
-    pub ordering_key: Option<String>,
-    /// `now - created_at` on the database clock at claim time, for end-to-end latency without
-    /// trusting the relay's wall clock.
-    pub age_at_claim: Duration,
-    /// Why this row can never be sent, if it cannot: such a row is finished FAILED at once,
-    /// and the rows claimed with it are delivered as usual. The fields of `delivery` that
-    /// could not be read are empty.
-    pub undeliverable: Option<Undeliverable>,
-}
-
-/// Why a claimed row cannot be sent.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Undeliverable {
-    /// A column could not be decoded (a wrong type, invalid UTF-8, NULL where a value is
-    /// required); the text names the column.
-    Unreadable(String),
-    /// The payload is over [`ClaimRequest::max_payload_bytes`] and was not loaded.
-    TooLarge { bytes: u64 },
-}
-
-/// The result of one row, to be written back under its claim token.
-#[derive(Debug, Clone)]
-pub struct Completion {
-    pub id: i64,
-    /// The claim token the row was claimed with.
-    pub token: Arc<str>,
-    pub resolution: Resolution,
-}
-
-/// How a row leaves its claim.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// SUCCESS; `attempts + 1`, `sent_at = now`.
-    Delivered,
-    /// RETRY after `delay`; `attempts + 1`.
-    Retry { delay: Duration, error: String },
-    /// FAILED; `attempts + 1`.
-    Failed { error: String },
-    /// Back to the queue untouched (status and attempts unchanged), due after `delay`: for
-    /// throttles, paused sinks, and rows not sent because their claim or the lease ran out.
-    Release {
-        delay: Duration,
-        error: Option<String>,
-    },
-}
-
-/// A row to insert (the `enqueue` verb, tests and benchmarks).
-#[derive(Debug, Clone, Default)]
-pub struct NewRow {
-    pub channel: String,
-    pub recipient: Option<String>,
-    pub payload: String,
-    pub ordering_key: Option<String>,
-}
-
-/// What `status` shows.
-#[derive(Debug, Clone, Default)]
-pub struct StatusReport {
-    /// (status, channel, count), for every pair present.
-    pub counts: Vec<(String, String, i64)>,
-    /// Age of the oldest PENDING or RETRY row.
-    pub oldest_pending: Option<Duration>,
-    /// The lease row: holder, epoch, and time left (negative when expired).
-    pub lease: Option<LeaseRow>,
-    /// (claimed_by, live claims).
-    pub claims: Vec<(String, i64)>,
-}
-
-/// A row of `outbox_relay_lease`.
-#[derive(Debug, Clone)]
-pub struct LeaseRow {
-    pub holder: Option<String>,
-    pub epoch: i64,
-    pub remaining_ms: Option<i64>,
-}
-
-/// A FAILED row, as `failed` lists it.
-#[derive(Debug, Clone)]
-pub struct FailedRow {
-    pub id: i64,
-    pub channel: String,
-    pub attempts: i64,
-    pub last_error: Option<String>,
-    /// `None` when NULL, or on a mapped table without such a column.
-    pub updated_at: Option<String>,
-    pub created_at: Option<String>,
-}
-
-/// A finished status: the only ones `purge` and retention may delete.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finished {
-    Success,
-    Failed,
-}
-
-impl Finished {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Finished::Success => "SUCCESS",
-            Finished::Failed => "FAILED",
-        }
-    }
-}
-
-/// Which FAILED rows `requeue` puts back.
-#[derive(Debug, Clone)]
-pub enum Requeue {
-    Ids(Vec<i64>),
-    AllFailed {
-        channel: Option<String>,
-    },
-    /// Every FAILED row the filter matches (the console's selections).
-    Matching(FailedFilter),
-}
-
-/// A selection of FAILED rows (the console's filters). Every condition is evaluated by the
-/// database, and by the statement that changes rows too, not only by the one that counted them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FailedFilter {
-    pub channel: Option<String>,
-    /// `last_error` contains this text (case-insensitive; `%` and `_` are literal).
-    pub error_contains: Option<String>,
-    /// `created_at` at or after this time.
-    pub created_from: Option<TimeBound>,
-    /// `created_at` before this time.
-    pub created_to: Option<TimeBound>,
-    /// Only rows up to this id: a selection confirmed by an operator does not grow to rows
-    /// that failed after they saw its count.
-    pub max_id: Option<i64>,
-}
-
-/// A point in time for a filter, always turned into a time by the database itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeBound {
-    /// This long before the database's now.
-    Ago(Duration),
-    /// Seconds since the Unix epoch (UTC).
-    Unix(i64),
-}
-
-/// One channel's line of the console's overview.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChannelCounts {
-    pub channel: String,
-    pub pending: i64,
-    pub retry: i64,
-    pub failed: i64,
-    /// SUCCESS rows whose result was written in the last hour.
-    pub delivered_last_hour: i64,
-    /// Age of the channel's oldest PENDING or RETRY row.
-    pub oldest_pending: Option<Duration>,
-}
-
-/// Every stored column of one row, times as UTC text, for the console's row page. The status
-/// is the relay's state name (`PENDING`, ...) whatever the table stores; an optional column a
-/// mapped table does not have reads as `None`, as does a NULL (the application's rows have
-/// no `next_attempt_at`, and may have no payload).
-#[derive(Debug, Clone, Default)]
-pub struct RowDetail {
-    pub id: i64,
-    pub channel: String,
-    pub status: String,
-    pub attempts: i64,
-    pub recipient: Option<String>,
-    pub payload: Option<String>,
-    pub ordering_key: Option<String>,
-    pub last_error: Option<String>,
-    pub next_attempt_at: Option<String>,
-    pub created_at: Option<String>,
-    pub updated_at: Option<String>,
-    pub sent_at: Option<String>,
-    pub claimed_by: Option<String>,
-    /// Time left on a live claim (`None`: no claim, or it ran out).
-    pub claim_left_ms: Option<i64>,
-}
-
-/// What `requeue` did (or, dry-run, would do).
-#[derive(Debug, Clone, Default)]
-pub struct RequeueReport {
-    /// FAILED rows set back to PENDING with a fresh attempt budget.
-    pub requeued: u64,
-    /// Ids that exist but are not FAILED (left unchanged), with their status.
-    pub not_failed: Vec<(i64, String)>,
-    /// Ids that do not exist.
-    pub missing: Vec<i64>,
-}
-
-/// The periodic sample behind the table gauges.
-#[derive(Debug, Clone, Default)]
-pub struct Sample {
-    /// Rows per status.
-    pub by_status: Vec<(String, i64)>,
-    pub oldest_pending: Option<Duration>,
-    /// Ordering keys with rows held back behind an unfinished earlier row.
-    pub ordering_blocked_keys: i64,
-}
-
-/// The relay's seam: claiming rows and writing their results back. [`SqlStore`] is the
-/// implementation; the relay's unit tests use an in-memory one.
-pub trait Queue: Send + Sync {
-    /// Claims due rows, in id order: at most `req.limit`, or each budget's worth with
-    /// [`ClaimRequest::budgets`].
-    fn claim<'a>(&'a self, req: &'a ClaimRequest)
-    -> BoxFuture<'a, anyhow::Result<Vec<ClaimedRow>>>;
-    /// Writes results back, guarded by each row's claim token. Returns the rows changed; a
-    /// result whose claim is no longer live changes nothing. A failure after some results
-    /// were written is an [`Incomplete`] saying which.
-    fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>>;
-    /// Whether anything is claimable for `req` now: one plain read (no lock, no fence, no
-    /// write, no transaction). An idle relay's poll asks it before it claims: on MySQL/MariaDB
-    /// a claim that finds nothing is still four statements (`BEGIN`, the fence, the locking
-    /// picks, `COMMIT`), and on PostgreSQL its shared lock on the lease row takes a
-    /// transaction id and writes WAL (docs/design.md, "Idle cost").
-    fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>>;
-}
-
-/// The lease module's seam: the `outbox_relay_lease` row, which holds the `database`
-/// backend's lease and every backend's fencing epoch.
-pub trait LeaseTable: Send + Sync {
-    /// `database` lease backend: takes the lease if it is free or expired (on the database
-    /// clock), bumping the epoch. Returns the new epoch, or `None` if someone else holds it.
-    fn lease_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>>;
-    /// Extends the lease if `holder` still holds it at `epoch`; false means it is lost.
-    fn lease_renew<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        epoch: i64,
-        ttl: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<bool>>;
-    /// Gives the lease up if still held.
-    fn lease_release<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        epoch: i64,
-    ) -> BoxFuture<'a, anyhow::Result<()>>;
-    /// For leases held elsewhere (Redis): records `holder` and bumps the epoch, fencing off
-    /// every earlier holder's claims. Returns the new epoch.
-    fn advance_epoch<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-    ) -> BoxFuture<'a, anyhow::Result<i64>>;
-    /// A cheap round trip (the `database` backend's readiness).
-    fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
-}
-
-/// Makes text safe to store in any of the three databases, whatever a receiver or vendor sent:
-/// NUL (PostgreSQL refuses it in text) and other control characters except tab and newline
-/// become U+FFFD, and the result is cut to [`MAX_ERROR_LEN`] bytes at a character boundary
-/// (with "..." appended when cut). Rust strings are valid UTF-8 already; bytes from the wire
-/// are decoded lossily before they get here.
-pub fn sanitize_text(e: &str) -> String {
-    let mut out = String::with_capacity(e.len().min(MAX_ERROR_LEN + 3));
-    for c in e.chars() {
-        let c = if c.is_control() && c != '\n' && c != '\t' {
-            char::REPLACEMENT_CHARACTER
-        } else {
-            c
-        };
-        if out.len() + c.len_utf8() > MAX_ERROR_LEN {
-            out.push_str("...");
-            return out;
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// How far ahead of now any time the relay writes may lie: a year. Retry delays, claims and
-/// leases are far shorter in practice; the cap keeps a misconfigured one inside every
-/// database's range (MySQL's TIMESTAMP ends in January 2038).
-pub const MAX_AHEAD: Duration = Duration::from_secs(365 * 86_400);
-
-/// `d` in milliseconds, capped at [`MAX_AHEAD`], for binding into `now + ?` expressions.
-pub(crate) fn future_ms(d: Duration) -> i64 {
-    d.min(MAX_AHEAD).as_millis() as i64
-}
+pub use claim::returned::to_claimed;
 
 /// Opens the store for `url` with `table`, without migrating.
 pub async fn connect(
@@ -473,26 +90,4 @@ pub async fn connect_mapped(
     Ok(Arc::new(
         store.with_columns(Columns::from_settings(mapping)),
     ))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sanitize_removes_nul_and_controls_and_cuts_at_a_char_boundary() {
-        assert_eq!(
-            sanitize_text("a\u{0}b\u{1b}[31mc\n\td"),
-            "a\u{FFFD}b\u{FFFD}[31mc\n\td"
-        );
-        assert_eq!(sanitize_text("\u{85}"), "\u{FFFD}");
-        let long = "한".repeat(MAX_ERROR_LEN); // 3 bytes each
-        let cut = sanitize_text(&long);
-        assert!(cut.len() <= MAX_ERROR_LEN + 3);
-        assert!(cut.ends_with("..."));
-        assert!(cut.len() >= MAX_ERROR_LEN - 3);
-        assert_eq!(sanitize_text("short"), "short");
-        let exact = "x".repeat(MAX_ERROR_LEN);
-        assert_eq!(sanitize_text(&exact), exact);
-    }
 }

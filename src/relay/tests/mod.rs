@@ -16,7 +16,9 @@ use crate::BoxFuture;
 use crate::config::{Mode, RelaySettings, RetrySettings};
 use crate::lease::LeaseState;
 use crate::sink::{Delivery, Outcome, Sink, SinkHandle, SinkRegistry};
-use crate::store::{Arrivals, ClaimRequest, ClaimedRow, Completion, Probe, Queue, Resolution};
+use crate::store::{
+    Arrivals, ClaimRequest, ClaimedRow, Completion, Probe, Queue, Resolution, WriteError,
+};
 use crate::telemetry::Health;
 
 mod claims;
@@ -196,7 +198,7 @@ impl Queue for MemQueue {
         })
     }
 
-    fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, anyhow::Result<u64>> {
+    fn complete<'a>(&'a self, done: &'a [Completion]) -> BoxFuture<'a, Result<u64, WriteError>> {
         Box::pin(async move {
             let now = Instant::now();
             let mut rows = self.rows.lock().expect("rows");

@@ -236,7 +236,7 @@ async fn requeue_by_id_touches_only_failed_rows(db: Db) {
     let due = td
         .scalar(&format!(
             "SELECT COUNT(*) FROM {{t}} WHERE id IN ({f1}, {f2}) AND next_attempt_at <= {}",
-            td.store.dialect().now()
+            td.store.now_sql()
         ))
         .await;
     assert_eq!(due, 2, "requeued rows are due at once");

@@ -23,12 +23,13 @@ async fn run_ops(td: &TestDb, sl: &ShedLockTable, name: &str, ops: &[Op]) {
     for (i, op) in ops.iter().enumerate() {
         let (got, want) = match op {
             Op::Acquire(by, ttl, want) => {
-                (td.store.shedlock_acquire(sl, name, by, *ttl).await, *want)
+                (td.store.shedlock().acquire(sl, name, by, *ttl).await, *want)
             }
-            Op::Extend(by, want) => (td.store.shedlock_extend(sl, name, by, t).await, *want),
+            Op::Extend(by, want) => (td.store.shedlock().extend(sl, name, by, t).await, *want),
             Op::Release(by) => {
                 td.store
-                    .shedlock_release(sl, name, by)
+                    .shedlock()
+                    .release(sl, name, by)
                     .await
                     .expect("release");
                 continue;
@@ -73,14 +74,27 @@ async fn shedlock_statements_on_every_database() {
             continue;
         };
         let table = format!("sl_{}", td.table);
-        assert!(!td.store.shedlock_table_exists(&table).await.expect("probe"));
+        assert!(
+            !td.store
+                .shedlock()
+                .table_exists(&table)
+                .await
+                .expect("probe")
+        );
         assert!(
             td.store
-                .create_shedlock_table(&table)
+                .shedlock()
+                .create_table(&table)
                 .await
                 .expect("create")
         );
-        assert!(!td.store.create_shedlock_table(&table).await.expect("again"));
+        assert!(
+            !td.store
+                .shedlock()
+                .create_table(&table)
+                .await
+                .expect("again")
+        );
         let sl = ShedLockTable::new(&table, 0);
         let ops = [
             Acquire("a", t, true),
@@ -165,7 +179,13 @@ async fn migrate_creates_a_missing_shedlock_table_only() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(td.store.shedlock_table_exists(&table).await.expect("probe"));
+    assert!(
+        td.store
+            .shedlock()
+            .table_exists(&table)
+            .await
+            .expect("probe")
+    );
     td.exec(&format!(
         "INSERT INTO {table} VALUES ('kept', timezone('utc', CURRENT_TIMESTAMP), timezone('utc', CURRENT_TIMESTAMP), 'java')"
     ))

@@ -94,7 +94,7 @@ async fn text_column(td: &TestDb, id: i64, col: &str) -> Option<String> {
 }
 
 fn now_sql(td: &TestDb) -> &'static str {
-    td.store.dialect().now()
+    td.store.now_sql()
 }
 
 fn completion(req: &ClaimRequest, id: i64, resolution: Resolution) -> Completion {
@@ -106,7 +106,7 @@ fn completion(req: &ClaimRequest, id: i64, resolution: Resolution) -> Completion
 }
 
 async fn complete(store: &dyn Queue, done: &[Completion]) -> u64 {
-    bounded("complete", store.complete(done)).await
+    bounded("complete", async { Ok(store.complete(done).await?) }).await
 }
 
 const LONG: Duration = Duration::from_secs(60);

@@ -170,10 +170,12 @@ impl TestDb {
     /// acquisition.
     pub async fn lease_row(&self, name: &str) -> Option<(Option<String>, i64)> {
         use sqlx::Row;
-        let sql = self
-            .store
-            .dialect()
-            .finalize("SELECT holder, epoch FROM outbox_relay_lease WHERE name = ?");
+        let placeholder = match self.store.dialect() {
+            outbox_relay::store::Dialect::Postgres => "$1",
+            _ => "?",
+        };
+        let sql =
+            format!("SELECT holder, epoch FROM outbox_relay_lease WHERE name = {placeholder}");
         sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(name.to_string())
             .fetch_optional(self.store.pool())

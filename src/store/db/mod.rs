@@ -1,0 +1,108 @@
+//! [`Db`]: the handle every statement goes through. It holds the pool, the dialect and its
+//! syntax, the outbox table and its columns, and counts the statements sent; opening it is
+//! in `connect.rs`.
+
+mod connect;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqlx::AnyPool;
+
+pub use connect::{
+    Connect, LOCK_WAIT, Opening, STATEMENT_TIME, WARM_CONNECTIONS, open_side_by_side,
+};
+
+use crate::store::sql::{AnyQuery, Columns, Dialect, Sql, Syntax};
+
+/// One outbox table on one database.
+pub struct Db {
+    pool: AnyPool,
+    dialect: Dialect,
+    syntax: &'static dyn Syntax,
+    /// The outbox table's name (validated as an identifier).
+    table: String,
+    /// The table's column names and status values (the relay's own unless `[table]` maps an
+    /// existing table).
+    cols: Columns,
+    /// Statements built and sent (BEGIN/COMMIT not counted): what the benchmark divides by
+    /// delivered rows.
+    statements: AtomicU64,
+    /// Where the database has one writer at a time (SQLite): taken around the relay's own
+    /// writes (claims and results), so that they queue here instead of colliding on the
+    /// database's write lock, where the loser sleeps in its busy handler for 1 ms or more
+    /// (docs/design.md, "SQLite writers").
+    writer: Option<tokio::sync::Mutex<()>>,
+}
+
+impl Db {
+    /// The pool.
+    pub fn pool(&self) -> &AnyPool {
+        &self.pool
+    }
+
+    /// Which database this is.
+    pub fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// The SQL that differs on this database.
+    pub fn syntax(&self) -> &'static dyn Syntax {
+        self.syntax
+    }
+
+    /// The outbox table.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The table's columns and status values.
+    pub fn cols(&self) -> &Columns {
+        &self.cols
+    }
+
+    /// The same handle on a table mapped by `[table]`, its names quoted for this database.
+    pub fn with_columns(mut self, cols: Columns) -> Db {
+        self.cols = cols.quoted_for(self.syntax);
+        self
+    }
+
+    /// `q` ready to run here, every value bound (and counted in [`Db::statements`]).
+    pub fn query(&self, q: Sql) -> AnyQuery<'static> {
+        self.count_statement();
+        q.finalized(self.syntax)
+    }
+
+    /// A statement without values (those with values are built with [`Sql`]).
+    pub fn sql(&self, text: &str) -> AnyQuery<'static> {
+        self.count_statement();
+        sqlx::query(sqlx::AssertSqlSafe(text.to_string()))
+    }
+
+    /// Counts a statement sent some other way (DDL).
+    pub fn count_statement(&self) {
+        self.statements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Statements sent so far (see the field).
+    pub fn statements(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
+    /// Waits for this process's turn to write (a database with one writer, see the field), or
+    /// returns at once.
+    pub async fn writing(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.writer {
+            Some(m) => Some(m.lock().await),
+            None => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("dialect", &self.dialect)
+            .field("table", &self.table)
+            .finish()
+    }
+}

@@ -1,0 +1,123 @@
+//! MySQL 8 / MariaDB 10.6+: its SQL text ([`Syntax`]), session settings and server
+//! capabilities (`session.rs`), schema and migrations (`schema.rs`), the columns and index
+//! of unfinished rows that stand in for partial indexes (`open_index.rs`), claims and idle
+//! reads (`claim.rs`), the statements of the operator's queries and lock tables that differ
+//! here (`admin.rs`), and `GET_LOCK` sessions (`get_lock.rs`).
+//!
+//! Timestamps are `TIMESTAMP(6)`: stored as instants (UTC) and converted to and from each
+//! session's time zone, so a row the application inserts with the DEFAULT timestamps from a
+//! session in any zone is due at once for the relay, whose sessions run at `+00:00`, and its
+//! age is right (see `schema.rs`, version 3). Sessions run at READ COMMITTED so that the
+//! claim's locking read takes no gap locks that would block the application's inserts.
+
+pub mod admin;
+pub mod claim;
+pub mod get_lock;
+pub mod open_index;
+pub mod schema;
+pub mod session;
+
+use crate::store::sql::Syntax;
+
+/// MySQL 8 or MariaDB 10.6+ (older servers work without `SKIP LOCKED`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MySql;
+
+impl Syntax for MySql {
+    fn quote_ident(&self, name: &str) -> String {
+        format!("`{}`", name.replace('`', "``"))
+    }
+
+    fn now(&self) -> &'static str {
+        "NOW(6)"
+    }
+
+    fn now_plus_ms(&self) -> (&'static str, &'static str) {
+        ("DATE_ADD(NOW(6), INTERVAL (", " * 1000) MICROSECOND)")
+    }
+
+    fn unix_time(&self) -> (&'static str, &'static str) {
+        ("FROM_UNIXTIME(", ")")
+    }
+
+    /// MySQL's TIMESTAMP (and FROM_UNIXTIME) end in 2038: a later bound means "any time"
+    /// here, and FROM_UNIXTIME would give NULL (no row) instead.
+    fn unix_secs(&self, secs: i64) -> i64 {
+        secs.clamp(0, i64::from(i32::MAX))
+    }
+
+    fn age_ms(&self, col: &str) -> String {
+        format!("(TIMESTAMPDIFF(MICROSECOND, {col}, NOW(6)) DIV 1000)")
+    }
+
+    fn time_text(&self, col: &str) -> String {
+        format!("DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s')")
+    }
+
+    fn payload_text(&self, col: &str) -> String {
+        format!("CAST({col} AS CHAR)")
+    }
+
+    /// As bytes: the driver decodes every text value of a row eagerly, so a value that is
+    /// not valid UTF-8 would fail the whole result set.
+    fn claim_text(&self, col: &str) -> String {
+        format!("CAST({col} AS BINARY)")
+    }
+
+    fn byte_length(&self, col: &str) -> String {
+        format!("LENGTH({col})")
+    }
+
+    fn null_text(&self) -> &'static str {
+        "CAST(NULL AS CHAR)"
+    }
+
+    fn null_int(&self) -> &'static str {
+        "CAST(NULL AS SIGNED)"
+    }
+
+    fn cast_text(&self, expr: &str) -> String {
+        format!("CAST({expr} AS CHAR)")
+    }
+
+    /// Checked first: text that is not JSON becomes JSON null, which the sink refuses for
+    /// that row alone.
+    fn json_value(&self, col: &str) -> String {
+        format!("JSON_EXTRACT(IF(JSON_VALID({col}), {col}, 'null'), '$')")
+    }
+
+    fn json_object(&self, pairs: &[String]) -> String {
+        format!("JSON_OBJECT({})", pairs.join(", "))
+    }
+}
+
+/// Whether a server (by `SELECT VERSION()`) is MariaDB, and whether it has
+/// `FOR UPDATE SKIP LOCKED` (MariaDB 10.6+, MySQL 8.0.1+).
+pub fn capabilities(version: &str) -> (bool, bool) {
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let mut nums = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u32>().unwrap_or(0));
+    let major = nums.next().unwrap_or(0);
+    let minor = nums.next().unwrap_or(0);
+    let skip_locked = if mariadb {
+        (major, minor) >= (10, 6)
+    } else {
+        major >= 8
+    };
+    (mariadb, skip_locked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capabilities;
+
+    #[test]
+    fn detects_skip_locked_support() {
+        assert_eq!(capabilities("10.11.19-MariaDB-0+deb12u1"), (true, true));
+        assert_eq!(capabilities("10.5.2-MariaDB"), (true, false));
+        assert_eq!(capabilities("8.0.36"), (false, true));
+        assert_eq!(capabilities("5.7.44-log"), (false, false));
+    }
+}

@@ -1,0 +1,77 @@
+//! MySQL/MariaDB's session settings, run on every connection the pool opens, and what the
+//! server can do (read once connections are open).
+
+use sqlx::any::AnyPoolOptions;
+use sqlx::{AnyPool, Executor};
+
+use super::{MySql, capabilities};
+use crate::BoxFuture;
+use crate::store::db::{Connect, LOCK_WAIT, STATEMENT_TIME};
+use crate::store::sql::Dialect;
+
+impl Connect for MySql {
+    fn options(
+        &self,
+        url: &str,
+        options: AnyPoolOptions,
+    ) -> anyhow::Result<(String, AnyPoolOptions)> {
+        Ok((
+            url.to_string(),
+            options.after_connect(|conn, _| Box::pin(settings(conn))),
+        ))
+    }
+
+    fn opened<'a>(
+        &'a self,
+        pool: &'a AnyPool,
+        _url: &'a str,
+        _dialect: Dialect,
+    ) -> BoxFuture<'a, anyhow::Result<Dialect>> {
+        Box::pin(async move {
+            let version: String = sqlx::query_scalar("SELECT VERSION()")
+                .fetch_one(pool)
+                .await?;
+            let (mariadb, skip_locked) = capabilities(&version);
+            if !skip_locked {
+                tracing::warn!(
+                    %version,
+                    "server has no FOR UPDATE SKIP LOCKED; claims will wait on each other"
+                );
+            }
+            Ok(Dialect::MySql {
+                mariadb,
+                skip_locked,
+            })
+        })
+    }
+}
+
+/// The settings of one new session.
+///
+/// Every statement waits at most [`LOCK_WAIT`] for a lock and runs at most
+/// [`STATEMENT_TIME`] on the server: a table locked by another session (a migration, a long
+/// transaction of the application's) makes a claim fail and retry instead of hanging. A relay
+/// paused inside a transaction (SIGSTOP, a stall) must not keep its locks for as long as it
+/// is stopped: MariaDB ends such a session after 5 s (MySQL 8 has no such setting; only its
+/// claim and migrations use transactions).
+async fn settings(conn: &mut sqlx::AnyConnection) -> Result<(), sqlx::Error> {
+    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .await?;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "SET SESSION innodb_lock_wait_timeout = {lock}, lock_wait_timeout = {lock}",
+        lock = LOCK_WAIT.as_secs()
+    )))
+    .await?;
+    // MariaDB only; MySQL refuses the unknown variables, which is harmless (there,
+    // max_execution_time bounds SELECTs only).
+    let _ = conn
+        .execute("SET SESSION idle_transaction_timeout = 5")
+        .await;
+    let _ = conn
+        .execute(sqlx::AssertSqlSafe(format!(
+            "SET SESSION max_statement_time = {}",
+            STATEMENT_TIME.as_secs()
+        )))
+        .await;
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! PostgreSQL's schema: the relay's own table and its migrations, the lease table, and what
+//! `migrate --adopt` adds to a mapped table. DDL is transactional here: migrations run in one
+//! transaction under an advisory lock.
+
+use sqlx::Executor;
+
+use super::Postgres;
+use super::notify::notify_trigger;
+use crate::BoxFuture;
+use crate::store::db::Db;
+use crate::store::schema::{
+    ClaimSupport, ColumnTypes, Conn, SchemaSql, channel_due_index, failed_index, partial_indexes,
+};
+use crate::store::sql::Sql;
+
+/// The lease table (`outbox_relay_lease`).
+const LEASE_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NULL,
+            lease_until TIMESTAMPTZ NULL,
+            epoch BIGINT NOT NULL DEFAULT 0
+        )";
+
+impl SchemaSql for Postgres {
+    fn lock<'a>(&'a self, conn: &'a mut Conn) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            conn.execute("BEGIN").await?;
+            if let Err(e) = conn.execute("SELECT pg_advisory_xact_lock(7424319)").await {
+                let _ = conn.execute("ROLLBACK").await;
+                return Err(e.into());
+            }
+            Ok(())
+        })
+    }
+
+    fn unlock<'a>(&'a self, conn: &'a mut Conn, ok: bool) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            if ok {
+                conn.execute("COMMIT").await?;
+            } else {
+                let _ = conn.execute("ROLLBACK").await;
+            }
+            Ok(())
+        })
+    }
+
+    fn steps(&self, t: &str, version: i64) -> Vec<String> {
+        match version {
+            1 => schema_v1(t),
+            2 => vec![channel_due_index(t)],
+            // Leave room in each page, so that claims (which change no indexed column) are
+            // HOT updates that write no index entries. Applies to pages written from now on;
+            // nothing is rewritten.
+            4 => vec![format!("ALTER TABLE {t} SET (fillfactor = 85)")],
+            6 => vec![failed_index(t)],
+            // Room for a claimed copy of every row of a page. A claim takes rows in id order,
+            // so it updates most rows of a page in one statement, and a HOT update needs room
+            // for the new version on the same page: at 85% only the first few rows of each
+            // page fit, and every other claimed row wrote an entry into each of the table's
+            // five indexes. A claimed copy is the row plus about 60 bytes of claim columns,
+            // so 40% leaves room for all of them for payloads from about 80 bytes up
+            // (docs/design.md, "HOT claims"). Pages written from now on; nothing is rewritten.
+            7 => vec![format!("ALTER TABLE {t} SET (fillfactor = 40)")],
+            _ => Vec::new(),
+        }
+    }
+
+    fn lease_table(&self) -> &'static str {
+        LEASE_TABLE
+    }
+
+    fn table_exists(&self, table: &str) -> Sql {
+        let mut q = Sql::new("SELECT COUNT(*) FROM pg_class WHERE oid = to_regclass(");
+        q.text(table).push(")");
+        q
+    }
+
+    fn live_columns(&self, table: &str) -> Sql {
+        let mut q = Sql::new(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name = lower(",
+        );
+        q.text(table).push(")");
+        q
+    }
+
+    fn object_exists(&self, name: &str, trigger: bool) -> Sql {
+        let mut q = Sql::new(match trigger {
+            true => {
+                "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal AND tgname::text = lower("
+            }
+            false => {
+                "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
+                 AND indexname::text = lower("
+            }
+        });
+        q.text(name).push(")");
+        q
+    }
+
+    fn embedded_json_typed(&self) -> bool {
+        true
+    }
+
+    fn column_types(&self) -> ColumnTypes {
+        ColumnTypes {
+            claimer: "TEXT NULL",
+            token: "TEXT NULL",
+            time: "TIMESTAMPTZ NULL",
+            attempts: "INT NOT NULL DEFAULT 0",
+        }
+    }
+
+    fn claim_support(&self, db: &Db) -> ClaimSupport {
+        partial_indexes(db)
+    }
+
+    fn notify_trigger(&self, table: &str) -> Vec<String> {
+        notify_trigger(table)
+    }
+}
+
+/// Schema version 1.
+fn schema_v1(t: &str) -> Vec<String> {
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                id BIGSERIAL PRIMARY KEY,
+                channel TEXT NOT NULL,
+                recipient TEXT NULL,
+                payload JSONB NOT NULL,
+                ordering_key TEXT NULL,
+                status TEXT NOT NULL DEFAULT 'PENDING'
+                    CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED')),
+                attempts INT NOT NULL DEFAULT 0,
+                next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                claimed_by TEXT NULL,
+                claim_token TEXT NULL,
+                claimed_until TIMESTAMPTZ NULL,
+                last_error TEXT NULL,
+                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                sent_at TIMESTAMPTZ NULL
+            )"
+        ),
+        // The claim walks this partial index in id order: only unfinished rows are in it.
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_due_idx ON {t} (id, next_attempt_at)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} (ordering_key, id)
+             WHERE ordering_key IS NOT NULL AND status IN ('PENDING', 'RETRY')"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
+        // A queue table: every row is updated soon after insert. The default autovacuum
+        // thresholds (20% / 10% of the table) let dead entries pile up in the partial due
+        // index and let statistics go stale after a burst, which flips the claim's plan to a
+        // primary-key walk or a sort of the whole backlog (docs/performance-log.md). Vacuum
+        // and analyze this table after 1% of it changed.
+        format!(
+            "ALTER TABLE {t} SET (autovacuum_vacuum_scale_factor = 0.01,
+             autovacuum_analyze_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
+             autovacuum_analyze_threshold = 1000)"
+        ),
+        // oldest_pending_seconds and `status`: MIN(created_at) of unfinished rows.
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
+        LEASE_TABLE.to_string(),
+    ]
+    .into_iter()
+    .chain(notify_trigger(t))
+    .collect()
+}

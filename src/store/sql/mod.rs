@@ -1,0 +1,13 @@
+//! The shared part every statement is written with: the [`Dialect`] and its [`Syntax`] (the
+//! text that differs between databases), the statement builder [`Sql`], identifiers, and
+//! [`Columns`] (the table's column names and status values). Pure text: nothing here talks to
+//! a database.
+
+pub mod builder;
+pub mod columns;
+pub mod dialect;
+pub mod ident;
+
+pub use builder::{AnyQuery, Sql};
+pub use columns::{Columns, Owned, State};
+pub use dialect::{Dialect, Syntax};

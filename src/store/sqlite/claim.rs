@@ -1,0 +1,140 @@
+//! SQLite's claims and idle reads. The claim is one `UPDATE ... RETURNING`; in leader mode
+//! each pick checks the lease epoch itself (the statement runs under the database's single
+//! write lock, so the checks cannot disagree). The idle read asks an index of due times first
+//! ([`SqliteClaims::anything_due`]).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::any::AnyRow;
+
+use super::Sqlite;
+use crate::BoxFuture;
+use crate::store::claim::ClaimSql;
+use crate::store::claim::cursor::Floors;
+use crate::store::claim::picks::{PickFence, Picker};
+use crate::store::claim::returning::{self, ReturningForm};
+use crate::store::db::Db;
+use crate::store::model::{ClaimRequest, Fence};
+use crate::store::queue::results::ResultSql;
+use crate::store::sql::Sql;
+
+impl ReturningForm for Sqlite {
+    fn fence(&self, _q: &mut Sql, _f: &Fence) -> PickFence {
+        PickFence::Inline
+    }
+}
+
+/// Result writes select their rows the default way.
+impl ResultSql for Sqlite {}
+
+/// One store's SQLite claims: when an idle read last read the picks themselves, not only
+/// the index of due times.
+#[derive(Default)]
+pub struct SqliteClaims {
+    full_read_at: Mutex<Option<Instant>>,
+}
+
+impl ClaimSql for SqliteClaims {
+    fn claim_rows<'a>(
+        &'a self,
+        db: &'a Db,
+        req: &'a ClaimRequest,
+        floors: &'a Floors,
+    ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>> {
+        Box::pin(async move {
+            let picker = Picker::new(db, self.open_columns(db));
+            returning::claim(db, &picker, &Sqlite, req, floors).await
+        })
+    }
+
+    /// On the relay's own table the index of due times says whether any unfinished row may
+    /// be due (a mapped table has no such index).
+    fn maybe_due<'a>(&'a self, db: &'a Db) -> BoxFuture<'a, anyhow::Result<bool>> {
+        Box::pin(async move { Ok(db.cols().mapped || self.anything_due(db).await) })
+    }
+}
+
+impl SqliteClaims {
+    /// SQLite, on the relay's own table: whether any unfinished row may be due, from
+    /// `next_attempt_idx` alone (schema version 10). The idle read asks this first. The picks
+    /// walk a channel's unfinished rows in id order and read each row's `next_attempt_at`: over
+    /// 100,000 rows waiting for a retry an hour away each idle read took about 20 ms, twice a
+    /// second (docs/design.md, "Idle cost").
+    ///
+    /// "No" must never hide a claimable row. The claim counts a row as due when its time has
+    /// come or when its `next_attempt_at` is not a time at all (an application's typo, which the
+    /// claim takes so that it can be failed; `Syntax::due`). The seek finds times that have
+    /// come, anything stored as a number (numbers sort before text), and text from `'9999'` up
+    /// (which covers text starting with a letter, and blobs). Text starting with a digit that is
+    /// still not a time and sorts after now (`'2099-13-45'`) is not found by the seek; for it the
+    /// picks are read anyway at least every [`FULL_READ_EVERY`] (and on the first idle read),
+    /// so such a row waits at most that long on an idle relay, and not at all on a busy one,
+    /// whose claims do not ask. "Yes" promises nothing (the due row may be claimed, or behind
+    /// its key), so the picks are read next.
+    pub async fn anything_due(&self, db: &Db) -> bool {
+        let now = Instant::now();
+        let read_anyway = match self.full_read_at.lock() {
+            Ok(at) => full_read_due(*at, now),
+            Err(_) => true,
+        };
+        let due = read_anyway || seek_due(db).await;
+        if due && let Ok(mut at) = self.full_read_at.lock() {
+            *at = Some(now);
+        }
+        due
+    }
+}
+
+/// The longest an idle relay goes without reading the picks themselves, whatever
+/// [`SqliteClaims::anything_due`]'s index says (see there).
+const FULL_READ_EVERY: Duration = Duration::from_secs(60);
+
+/// The two seeks of [`SqliteClaims::anything_due`]: whether `next_attempt_idx` holds a time
+/// that has come, or a value from `'9999'` up.
+async fn seek_due(db: &Db) -> bool {
+    let (t, now) = (db.table(), db.syntax().now());
+    // Each seek is one range: with the two ranges in one OR, SQLite scanned the whole index.
+    let seek = |range: &str| {
+        format!(
+            "SELECT 1 FROM (SELECT 1 FROM {t} INDEXED BY {t}_next_attempt_idx \
+             WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at {range} LIMIT 1)"
+        )
+    };
+    let sql = format!(
+        "{} UNION ALL {} LIMIT 1",
+        seek(&format!("<= {now}")),
+        seek(">= '9999'")
+    );
+    match db.sql(&sql).fetch_optional(db.pool()).await {
+        Ok(row) => row.is_some(),
+        // No answer is no "no": the picks are read, and say what is wrong if anything is (a
+        // table below version 10, with `database.migrate = false`, lacks the index).
+        Err(e) => {
+            tracing::debug!(error = %e, "the index of due times could not be read; reading the picks");
+            true
+        }
+    }
+}
+
+/// Whether the picks are to be read whatever the index says: never read yet, or not for
+/// [`FULL_READ_EVERY`].
+fn full_read_due(last: Option<Instant>, now: Instant) -> bool {
+    last.is_none_or(|at| now.saturating_duration_since(at) >= FULL_READ_EVERY)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_picks_are_read_first_and_then_at_least_every_minute() {
+        let t0 = Instant::now();
+        assert!(full_read_due(None, t0));
+        assert!(!full_read_due(Some(t0), t0));
+        assert!(!full_read_due(Some(t0), t0 + FULL_READ_EVERY / 2));
+        assert!(full_read_due(Some(t0), t0 + FULL_READ_EVERY));
+        // A clock read before the last read (another task's) is not a minute later.
+        assert!(!full_read_due(Some(t0 + FULL_READ_EVERY), t0));
+    }
+}

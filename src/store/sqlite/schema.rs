@@ -1,0 +1,140 @@
+//! SQLite's schema: the relay's own table and its migrations, the lease table, and what
+//! `migrate --adopt` adds to a mapped table. SQLite has one writer, so migrations need no
+//! lock of their own.
+
+use super::Sqlite;
+use crate::BoxFuture;
+use crate::store::db::Db;
+use crate::store::schema::{
+    ClaimSupport, ColumnTypes, Conn, SchemaSql, channel_due_index, failed_index, partial_indexes,
+};
+use crate::store::sql::Sql;
+
+/// The lease table (`outbox_relay_lease`).
+const LEASE_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name TEXT PRIMARY KEY,
+            holder TEXT NULL,
+            lease_until TEXT NULL,
+            epoch INTEGER NOT NULL DEFAULT 0
+        )";
+
+impl SchemaSql for Sqlite {
+    fn lock<'a>(&'a self, _conn: &'a mut Conn) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn unlock<'a>(&'a self, _conn: &'a mut Conn, _ok: bool) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn steps(&self, t: &str, version: i64) -> Vec<String> {
+        match version {
+            1 => schema_v1(t),
+            2 => vec![channel_due_index(t)],
+            6 => vec![failed_index(t)],
+            // The unfinished rows by their next attempt, so that an idle read tells in one
+            // seek whether any is due, instead of reading every waiting row.
+            10 => vec![next_attempt_index(t)],
+            _ => Vec::new(),
+        }
+    }
+
+    fn lease_table(&self) -> &'static str {
+        LEASE_TABLE
+    }
+
+    /// SQLite's names are not case-sensitive.
+    fn table_exists(&self, table: &str) -> Sql {
+        let mut q =
+            Sql::new("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = (");
+        q.text(table).push(") COLLATE NOCASE");
+        q
+    }
+
+    fn live_columns(&self, table: &str) -> Sql {
+        let mut q = Sql::new("SELECT name, type FROM pragma_table_info((");
+        q.text(table).push("))");
+        q
+    }
+
+    fn object_exists(&self, name: &str, _trigger: bool) -> Sql {
+        let mut q = Sql::new("SELECT COUNT(*) FROM sqlite_master WHERE name = (");
+        q.text(name).push(")");
+        q
+    }
+
+    fn typed_columns(&self) -> bool {
+        false
+    }
+
+    fn column_types(&self) -> ColumnTypes {
+        ColumnTypes {
+            claimer: "TEXT NULL",
+            token: "TEXT NULL",
+            time: "TEXT NULL",
+            attempts: "INTEGER NOT NULL DEFAULT 0",
+        }
+    }
+
+    fn claim_support(&self, db: &Db) -> ClaimSupport {
+        partial_indexes(db)
+    }
+
+    /// SQLite adds one column per statement.
+    fn alter(&self, table: &str, adds: &[String]) -> Vec<String> {
+        adds.iter()
+            .map(|a| format!("ALTER TABLE {table} {a}"))
+            .collect()
+    }
+}
+
+/// Schema version 1.
+fn schema_v1(t: &str) -> Vec<String> {
+    let now = "(strftime('%Y-%m-%d %H:%M:%f','now'))";
+    vec![
+        // AUTOINCREMENT: ids are idempotency keys and must never be reused after a purge.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {t} (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                channel TEXT NOT NULL,
+                recipient TEXT NULL,
+                payload TEXT NOT NULL,
+                ordering_key TEXT NULL,
+                status TEXT NOT NULL DEFAULT 'PENDING'
+                    CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED')),
+                attempts INTEGER NOT NULL DEFAULT 0,
+                next_attempt_at TEXT NOT NULL DEFAULT {now},
+                claimed_by TEXT NULL,
+                claim_token TEXT NULL,
+                claimed_until TEXT NULL,
+                last_error TEXT NULL,
+                created_at TEXT NOT NULL DEFAULT {now},
+                updated_at TEXT NOT NULL DEFAULT {now},
+                sent_at TEXT NULL
+            )"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_due_idx ON {t} (id, next_attempt_at)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} (ordering_key, id)
+             WHERE ordering_key IS NOT NULL"
+        ),
+        format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
+             WHERE status IN ('PENDING', 'RETRY')"
+        ),
+        LEASE_TABLE.to_string(),
+    ]
+}
+
+/// Schema version 10: the unfinished rows by `next_attempt_at`, so that an idle read can tell
+/// in one index seek whether any of them is due (see `claim.rs`).
+fn next_attempt_index(t: &str) -> String {
+    format!(
+        "CREATE INDEX IF NOT EXISTS {t}_next_attempt_idx ON {t} (next_attempt_at)
+         WHERE status IN ('PENDING', 'RETRY')"
+    )
+}
