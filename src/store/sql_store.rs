@@ -32,6 +32,16 @@ pub struct SqlStore {
     engine: &'static dyn Engine,
     claims: Claims,
     leases: Leases,
+    /// The lease table's own connection (see [`SqlStore::lease_db`]).
+    lease_db: tokio::sync::OnceCell<Db>,
+    /// What opening the lease table's connection needs (the URL is never logged).
+    lease_opening: LeaseOpening,
+}
+
+/// How the lease table's own connection is opened.
+struct LeaseOpening {
+    url: String,
+    connect_timeout: Duration,
 }
 
 impl SqlStore {
@@ -77,7 +87,40 @@ impl SqlStore {
             engine,
             claims: Claims::new(engine.claims()),
             leases: Leases::new(engine),
+            lease_db: tokio::sync::OnceCell::new(),
+            lease_opening: LeaseOpening {
+                url: url.to_string(),
+                connect_timeout,
+            },
         })
+    }
+
+    /// Where the lease row is read and written: a connection of its own, opened on first
+    /// use, so that a lease renewal never waits for a connection the claims, result writes
+    /// or admin verbs hold, nor behind their statements (docs/design.md, "Leases and
+    /// fencing"). A database that lives in one connection (in-memory SQLite) has no second
+    /// one: there the store's own pool serves.
+    async fn lease_db(&self) -> anyhow::Result<&Db> {
+        if self.engine.one_connection(&self.lease_opening.url) {
+            return Ok(&self.db);
+        }
+        self.lease_db
+            .get_or_try_init(|| async {
+                let o = &self.lease_opening;
+                let db = Db::open(Opening {
+                    url: &o.url,
+                    dialect: self.db.dialect(),
+                    table: self.db.table(),
+                    syntax: self.engine,
+                    connect: self.engine,
+                    max_connections: 1,
+                    connect_timeout: o.connect_timeout,
+                    open: 1,
+                })
+                .await?;
+                Ok::<Db, anyhow::Error>(db.with_columns(self.db.cols().clone()))
+            })
+            .await
     }
 
     /// Opens up to `n` connections side by side (at most the pool's maximum) and leaves
@@ -118,7 +161,7 @@ impl SqlStore {
     /// SQL statements built and sent by this store (BEGIN/COMMIT not counted): what the
     /// benchmark divides by delivered rows.
     pub fn statements(&self) -> u64 {
-        self.db.statements()
+        self.db.statements() + self.lease_db.get().map_or(0, Db::statements)
     }
 
     /// Creates or upgrades the tables (idempotent, safe to run from several instances).
@@ -325,7 +368,10 @@ impl LeaseTable for SqlStore {
         holder: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, anyhow::Result<Option<i64>>> {
-        Box::pin(self.leases.acquire(&self.db, name, holder, ttl))
+        Box::pin(async move {
+            let db = self.lease_db().await?;
+            self.leases.acquire(db, name, holder, ttl).await
+        })
     }
 
     fn lease_renew<'a>(
@@ -335,7 +381,10 @@ impl LeaseTable for SqlStore {
         epoch: i64,
         ttl: Duration,
     ) -> BoxFuture<'a, anyhow::Result<bool>> {
-        Box::pin(self.leases.renew(&self.db, name, holder, epoch, ttl))
+        Box::pin(async move {
+            let db = self.lease_db().await?;
+            self.leases.renew(db, name, holder, epoch, ttl).await
+        })
     }
 
     fn lease_release<'a>(
@@ -344,7 +393,10 @@ impl LeaseTable for SqlStore {
         holder: &'a str,
         epoch: i64,
     ) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(self.leases.release(&self.db, name, holder, epoch))
+        Box::pin(async move {
+            let db = self.lease_db().await?;
+            self.leases.release(db, name, holder, epoch).await
+        })
     }
 
     fn advance_epoch<'a>(
@@ -352,11 +404,19 @@ impl LeaseTable for SqlStore {
         name: &'a str,
         holder: &'a str,
     ) -> BoxFuture<'a, anyhow::Result<i64>> {
-        Box::pin(self.leases.advance_epoch(&self.db, name, holder))
+        Box::pin(async move {
+            let db = self.lease_db().await?;
+            self.leases.advance_epoch(db, name, holder).await
+        })
     }
 
+    /// Readiness of the lease backend: a round trip on the lease's own connection.
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(SqlStore::ping(self))
+        Box::pin(async move {
+            let db = self.lease_db().await?;
+            db.sql("SELECT 1").execute(db.pool()).await?;
+            Ok(())
+        })
     }
 }
 

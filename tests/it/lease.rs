@@ -377,3 +377,73 @@ async fn a_keeper_that_loses_its_lease_stops(db: Db) {
         .expect("release finished");
     td.drop_table().await;
 }
+
+per_db!(renewals_keep_their_rhythm_while_the_pool_is_stalled);
+/// Renewals have a connection of their own: while every connection of the store's pool is
+/// taken for longer than a claim ever should (a stall of the claims, results or admin verbs),
+/// the keeper still renews every ttl/3 and never misses its deadline.
+async fn renewals_keep_their_rhythm_while_the_pool_is_stalled(db: Db) {
+    let Some(td) = TestDb::open(db, "ls_stall").await else {
+        return;
+    };
+    let name = td.table.clone();
+    let ttl = Duration::from_millis(900);
+    let renew_timeout = Duration::from_millis(250);
+    let store = td.store.clone();
+    let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "keeper", ttl));
+    let keeper = Keeper::start(lease, store.clone(), renew_timeout);
+    let rx = keeper.state();
+    let (_, epoch) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+
+    // Take every connection the store's pool may open, and keep them for 3 s.
+    let pool = store.pool();
+    let mut held = Vec::new();
+    while let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_millis(500), pool.acquire()).await
+    {
+        held.push(conn);
+    }
+    assert!(!held.is_empty(), "no connection of the pool could be taken");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), pool.acquire())
+            .await
+            .is_err(),
+        "the stall is not real: the pool still had a connection to give"
+    );
+    let stalled_since = Instant::now();
+    let mut deadlines = Vec::new();
+    while stalled_since.elapsed() < Duration::from_secs(3) {
+        match *rx.borrow() {
+            LeaseState::Held {
+                epoch: e, deadline, ..
+            } => {
+                assert_eq!(e, epoch, "the epoch changed while held");
+                assert!(
+                    Instant::now() < deadline,
+                    "the deadline passed {:?} into the stall: renewals waited for the pool",
+                    stalled_since.elapsed()
+                );
+                if deadlines.last() != Some(&deadline) {
+                    deadlines.push(deadline);
+                }
+            }
+            LeaseState::Standby => panic!(
+                "lost the lease {:?} into the stall (ttl {ttl:?})",
+                stalled_since.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(held);
+    // ttl/3 = 300 ms: about ten renewals in 3 s; a renewal that waited for the pool would
+    // have timed out (250 ms) and not moved the deadline.
+    assert!(
+        deadlines.len() >= 7,
+        "only {} renewals in 3 s of stall (expected one every {:?})",
+        deadlines.len(),
+        ttl / 3
+    );
+    tokio::time::timeout(Duration::from_secs(10), keeper.release())
+        .await
+        .expect("release finished");
+    td.drop_table().await;
+}
