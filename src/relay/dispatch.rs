@@ -19,8 +19,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::recorder::RecorderHandle;
+use super::retry;
 use crate::lease::LeaseState;
-use crate::retry;
 use crate::sink::{CONFIG_ERROR_PAUSE, Outcome, SinkRegistry};
 use crate::store::{ClaimedRow, Completion, Resolution, Undeliverable};
 

@@ -20,6 +20,7 @@
 mod budget;
 mod dispatch;
 mod recorder;
+pub mod retry;
 #[cfg(test)]
 mod tests;
 
