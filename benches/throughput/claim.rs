@@ -97,14 +97,13 @@ pub(crate) async fn claim_run(
     setup: ClaimSetup,
 ) -> anyhow::Result<ClaimRun> {
     let table = unique_table("claim");
-    let result = claim_run_on(db, url, &table, receiver, n, setup).await;
+    let result = claim_run_on(url, &table, receiver, n, setup).await;
     let dialect = (db == Db::Postgres).then_some(Dialect::Postgres);
     drop_table(url, &table, dialect).await;
     result
 }
 
 pub(crate) async fn claim_run_on(
-    db: Db,
     url: &str,
     table: &str,
     receiver: &Receiver,
@@ -154,7 +153,7 @@ pub(crate) async fn claim_run_on(
             .hook(|s| s.timeout(SINK_TIMEOUT).concurrency(CLAIM_IN_FLIGHT));
         let instance = format!("bench-{path}");
         let (relay, store, health) =
-            assemble(db, url, table, &instance, &config, dir.path(), &shutdown).await?;
+            assemble(url, table, &instance, &config, dir.path(), &shutdown).await?;
         relays.push(relay);
         healths.push(health);
         stores.push(store);

@@ -60,13 +60,12 @@ pub(crate) async fn latency_run(
     seconds: u32,
 ) -> anyhow::Result<Latency> {
     on_own_table(db, url, "latency", async |t| {
-        latency_run_on(db, url, t, receiver, rate, seconds).await
+        latency_run_on(url, t, receiver, rate, seconds).await
     })
     .await
 }
 
 async fn latency_run_on(
-    db: Db,
     url: &str,
     table: &str,
     receiver: &Receiver,
@@ -79,7 +78,7 @@ async fn latency_run_on(
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let (relay, _store, _) =
-        assemble(db, url, table, "latency", &config, dir.path(), &shutdown).await?;
+        assemble(url, table, "latency", &config, dir.path(), &shutdown).await?;
     let task = spawn_relay_task(relay);
     let app = Arc::new(SqlStore::connect(url, table, INSERTERS, Duration::from_secs(5)).await?);
     // Warm-up, not measured: a few rows through the fresh relay until they arrive. (A relay
@@ -195,13 +194,12 @@ pub(crate) async fn under_backlog_run(
     backlog: usize,
 ) -> anyhow::Result<UnderBacklog> {
     on_own_table(db, url, "backlog", async |t| {
-        under_backlog_run_on(db, url, t, receiver, backlog).await
+        under_backlog_run_on(url, t, receiver, backlog).await
     })
     .await
 }
 
 async fn under_backlog_run_on(
-    db: Db,
     url: &str,
     table: &str,
     receiver: &Receiver,
@@ -215,7 +213,7 @@ async fn under_backlog_run_on(
     let app = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
     receiver.take_arrivals();
     let (relay, _store, _) =
-        assemble(db, url, table, "backlog", &config, dir.path(), &shutdown).await?;
+        assemble(url, table, "backlog", &config, dir.path(), &shutdown).await?;
     let task = spawn_relay_task(relay);
     let mut arrived: HashMap<i64, Instant> = HashMap::new();
     let deadline = Instant::now() + ARRIVAL_LIMIT;

@@ -119,7 +119,7 @@ pub(crate) async fn relay_run_on(
         cfg = cfg.hook(|s| s.concurrency(c));
     }
     let shutdown = CancellationToken::new();
-    let (relay, store, _) = assemble(db, url, table, "bench", &cfg, dir.path(), &shutdown).await?;
+    let (relay, store, _) = assemble(url, table, "bench", &cfg, dir.path(), &shutdown).await?;
     if let Some((_, options)) = pg_options {
         // Check that the server took them (each `-c name=value`).
         for setting in options.split("-c").map(str::trim).filter(|s| !s.is_empty()) {

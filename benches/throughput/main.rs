@@ -94,12 +94,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use outbox_relay::config::Settings;
-use outbox_relay::relay::Relay;
+use outbox_relay::lease;
+use outbox_relay::relay::{self, Relay};
 use outbox_relay::sink::SinkRegistry;
 use outbox_relay::store::{self, Dialect, SqlStore};
 use outbox_relay::telemetry::Health;
 use sqlx::{Connection, Row};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use claim::*;
@@ -113,18 +113,18 @@ use references::*;
 use support::Db;
 use support::config::Config;
 
-/// A relay assembled in this process as `outbox-relay run` assembles it, without a lease
-/// and without HTTP endpoints: `config` is written to `dir` and loaded as the binary loads
-/// its file. Returns the relay (not yet running), its store and its health.
+/// A relay assembled in this process as `outbox-relay run` assembles it (`relay::assemble`:
+/// its arrival watcher, and its lease, none unless `config` asks for one), without HTTP
+/// endpoints: `config` is written to `dir` and loaded as the binary loads its file. Returns
+/// the relay (not yet running; see [`spawn_relay_task`]), its store and its health.
 async fn assemble(
-    db: Db,
     url: &str,
     table: &str,
     instance: &str,
     config: &Config,
     dir: &std::path::Path,
     shutdown: &CancellationToken,
-) -> anyhow::Result<(Relay, Arc<SqlStore>, Arc<Health>)> {
+) -> anyhow::Result<(Assembled, Arc<SqlStore>, Arc<Health>)> {
     let file = config.write(dir, &format!("{instance}.toml"));
     let env: BTreeMap<String, String> = [
         ("OUTBOX_RELAY__DATABASE__URL", url),
@@ -151,37 +151,14 @@ async fn assemble(
         anyhow::Ok(store)
     })
     .await?;
-    let wake = Arc::new(Notify::new());
-    let arrivals = store::Arrivals::new(wake.clone());
-    // As `run` wires it: NOTIFY on PostgreSQL, the newest-id check elsewhere.
-    if db == Db::Postgres && settings.database.listen {
-        tokio::spawn(store::listen(
-            url.to_string(),
-            table.to_string(),
-            arrivals.clone(),
-            shutdown.clone(),
-        ));
-    } else {
-        tokio::spawn(store::watch_new_rows(
-            store.clone(),
-            arrivals.clone(),
-            shutdown.clone(),
-        ));
-    }
     let health = Arc::new(Health::default());
     health.set_database(true);
-    let relay = Relay {
-        store: Arc::new(store::OnDbThread(store.clone())),
-        sinks,
-        settings: settings.relay.clone(),
-        lease: None,
-        wake,
-        arrivals,
-        health: health.clone(),
-        shutdown: shutdown.clone(),
-    };
+    let relay = relay::assemble(&settings, &store, sinks, health.clone(), shutdown.clone())?;
     Ok((relay, store, health))
 }
+
+/// A relay and the keeper of its lease, if it has one.
+type Assembled = (Relay, Option<lease::Keeper>);
 
 /// `benches/throughput/receiver.js` under `node`, killed when dropped.
 struct NodeReceiver(std::process::Child);
@@ -231,9 +208,10 @@ fn relay_runtime() -> &'static tokio::runtime::Runtime {
     RUNTIME.get_or_init(|| outbox_relay::runtime::build().expect("the relay's runtime"))
 }
 
-/// Starts a relay under test on [`relay_runtime`].
-fn spawn_relay_task(relay: Relay) -> tokio::task::JoinHandle<()> {
-    relay_runtime().spawn(relay.run())
+/// Starts a relay under test on [`relay_runtime`]; it releases its lease, if any, after its
+/// drain, as `run` does.
+fn spawn_relay_task((relay, keeper): Assembled) -> tokio::task::JoinHandle<()> {
+    relay_runtime().spawn(relay.run_then_release(keeper))
 }
 
 /// A unique table name for one run.

@@ -14,6 +14,7 @@
 //!   holder token and a new epoch;
 //! - on shutdown the watchdog stops *before* the release is sent.
 
+mod build;
 mod database;
 mod get_lock;
 mod redis;
@@ -29,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use build::build;
 pub use database::DatabaseLease;
 pub use get_lock::GetLockLease;
 pub use redis::RedisLease;
@@ -175,6 +177,7 @@ pub fn deadline(sent_at: Instant, ttl: Duration) -> Instant {
 
 /// Drives a [`Lease`]: acquisition, epoch bump, watchdog renewals, release on shutdown.
 pub struct Keeper {
+    lease: Arc<dyn Lease>,
     state: watch::Receiver<LeaseState>,
     stop: CancellationToken,
     task: JoinHandle<()>,
@@ -189,8 +192,9 @@ impl Keeper {
     ) -> Keeper {
         let (tx, rx) = watch::channel(LeaseState::Standby);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(lease, store, renew_timeout, tx, stop.clone()));
+        let task = tokio::spawn(run(lease.clone(), store, renew_timeout, tx, stop.clone()));
         Keeper {
+            lease,
             state: rx,
             stop,
             task,
@@ -200,6 +204,17 @@ impl Keeper {
     /// A receiver of the lease state.
     pub fn state(&self) -> watch::Receiver<LeaseState> {
         self.state.clone()
+    }
+
+    /// The lease's name and a receiver of its state: what the relay loop fences its claims
+    /// with (`relay::Relay::lease`).
+    pub fn watch(&self) -> (String, watch::Receiver<LeaseState>) {
+        (self.lease.name().to_string(), self.state())
+    }
+
+    /// The backend, for `/readyz`'s round trip.
+    pub fn lease(&self) -> Arc<dyn Lease> {
+        self.lease.clone()
     }
 
     /// Stops renewing, then releases the lease if held (standbys are told at once).

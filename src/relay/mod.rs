@@ -24,6 +24,7 @@ mod recorder;
 pub mod retry;
 #[cfg(test)]
 mod tests;
+mod wiring;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use dispatch::{Dispatcher, Job};
 pub use recorder::{Recorder, RecorderHandle};
+pub use wiring::{assemble, watch_arrivals};
 
 use crate::config::RelaySettings;
 use crate::lease::LeaseState;
