@@ -81,55 +81,8 @@ async fn latency_run_on(
         assemble(url, table, "latency", &config, dir.path(), &shutdown).await?;
     let task = spawn_relay_task(relay);
     let app = Arc::new(SqlStore::connect(url, table, INSERTERS, Duration::from_secs(5)).await?);
-    // Warm-up, not measured: a few rows through the fresh relay until they arrive. (A relay
-    // just started delivers its first rows up to about 100 ms late on PostgreSQL while its
-    // connections come up; that is start-up, not the steady state measured here.)
-    for i in 0..WARM_UP_ROWS {
-        let row = store::NewRow {
-            channel: "hook".into(),
-            payload: payload(i),
-            ..Default::default()
-        };
-        app.enqueue(&row).await?;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let warm_until = Instant::now() + ARRIVAL_LIMIT;
-    let mut warmed = 0;
-    while warmed < WARM_UP_ROWS && Instant::now() < warm_until {
-        warmed += receiver.take_arrivals().len();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    receiver.take_arrivals();
-
-    let per_task = rate / INSERTERS;
-    let every = Duration::from_secs_f64(1.0 / f64::from(per_task.max(1)));
-    let mut inserters = Vec::new();
-    for t in 0..INSERTERS {
-        let app = app.clone();
-        inserters.push(tokio::spawn(async move {
-            // Staggered, so the tasks' inserts interleave evenly.
-            tokio::time::sleep(every / INSERTERS * t).await;
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut committed = Vec::new();
-            for i in 0..per_task * seconds {
-                tick.tick().await;
-                let row = store::NewRow {
-                    channel: "hook".into(),
-                    payload: payload(i as usize),
-                    ..Default::default()
-                };
-                let id = app.enqueue(&row).await?;
-                committed.push((id, Instant::now()));
-            }
-            anyhow::Ok(committed)
-        }));
-    }
-    let mut committed = Vec::new();
-    for t in inserters {
-        committed.extend(t.await??);
-    }
+    warm_up(&app, receiver).await?;
+    let committed = insert_at(&app, rate, seconds).await?;
     let deadline = Instant::now() + ARRIVAL_LIMIT;
     let mut arrived: HashMap<i64, Instant> = HashMap::new();
     while Instant::now() < deadline {
@@ -161,6 +114,68 @@ async fn latency_run_on(
         max: waits[waits.len() - 1],
         missing,
     })
+}
+
+/// Warm-up, not measured: a few rows through the fresh relay until they arrive. (A relay
+/// just started delivers its first rows up to about 100 ms late on PostgreSQL while its
+/// connections come up; that is start-up, not the steady state measured here.)
+async fn warm_up(app: &SqlStore, receiver: &Receiver) -> anyhow::Result<()> {
+    for i in 0..WARM_UP_ROWS {
+        let row = store::NewRow {
+            channel: "hook".into(),
+            payload: payload(i),
+            ..Default::default()
+        };
+        app.enqueue(&row).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let warm_until = Instant::now() + ARRIVAL_LIMIT;
+    let mut warmed = 0;
+    while warmed < WARM_UP_ROWS && Instant::now() < warm_until {
+        warmed += receiver.take_arrivals().len();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    receiver.take_arrivals();
+    Ok(())
+}
+
+/// Inserts rows one per transaction at `rate` rows/s for `seconds`, from [`INSERTERS`]
+/// tasks; returns each row's id and commit time.
+async fn insert_at(
+    app: &Arc<SqlStore>,
+    rate: u32,
+    seconds: u32,
+) -> anyhow::Result<Vec<(i64, Instant)>> {
+    let per_task = rate / INSERTERS;
+    let every = Duration::from_secs_f64(1.0 / f64::from(per_task.max(1)));
+    let mut inserters = Vec::new();
+    for t in 0..INSERTERS {
+        let app = app.clone();
+        inserters.push(tokio::spawn(async move {
+            // Staggered, so the tasks' inserts interleave evenly.
+            tokio::time::sleep(every / INSERTERS * t).await;
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut committed = Vec::new();
+            for i in 0..per_task * seconds {
+                tick.tick().await;
+                let row = store::NewRow {
+                    channel: "hook".into(),
+                    payload: payload(i as usize),
+                    ..Default::default()
+                };
+                let id = app.enqueue(&row).await?;
+                committed.push((id, Instant::now()));
+            }
+            anyhow::Ok(committed)
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in inserters {
+        committed.extend(t.await??);
+    }
+    Ok(committed)
 }
 
 /// A row committed under a backlog: how long it took and how many backlog rows went out
