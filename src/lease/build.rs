@@ -13,7 +13,8 @@ use crate::store::{ShedLockTable, SqlStore};
 
 /// The `[lease]` backend of `settings` over `store`, with its [`Keeper`] started: `None`
 /// outside leader mode and with the `none` backend. An error is a configuration problem (a
-/// Redis URL that does not parse, too few Redlock nodes); nothing has connected yet.
+/// Redis URL that does not parse, too few Redlock nodes); an unreachable backend is not one
+/// (the keeper retries).
 pub fn build(settings: &Settings, store: &Arc<SqlStore>) -> anyhow::Result<Option<Keeper>> {
     let Some(lease) = backend(settings, store)? else {
         return Ok(None);
