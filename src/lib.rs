@@ -19,7 +19,6 @@ pub mod housekeeping;
 pub mod lease;
 pub mod metric;
 pub mod relay;
-pub mod retry;
 pub mod runtime;
 pub mod shutdown;
 pub mod sink;

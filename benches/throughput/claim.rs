@@ -97,14 +97,13 @@ pub(crate) async fn claim_run(
     setup: ClaimSetup,
 ) -> anyhow::Result<ClaimRun> {
     let table = unique_table("claim");
-    let result = claim_run_on(db, url, &table, receiver, n, setup).await;
+    let result = claim_run_on(url, &table, receiver, n, setup).await;
     let dialect = (db == Db::Postgres).then_some(Dialect::Postgres);
     drop_table(url, &table, dialect).await;
     result
 }
 
 pub(crate) async fn claim_run_on(
-    db: Db,
     url: &str,
     table: &str,
     receiver: &Receiver,
@@ -115,7 +114,7 @@ pub(crate) async fn claim_run_on(
         instances,
         keys,
         poll_interval,
-        slow,
+        ..
     } = setup;
     if instances == 0 || instances > INSTANCE_PATHS.len() {
         bail!("instances must be 1..={}", INSTANCE_PATHS.len());
@@ -136,112 +135,43 @@ pub(crate) async fn claim_run_on(
     let shutdown = CancellationToken::new();
     // Whatever way this function returns, the instances and their LISTEN sessions stop.
     let _stop_all = shutdown.clone().drop_guard();
-    let mut relays = Vec::with_capacity(instances);
-    let mut stores = Vec::with_capacity(instances);
-    let mut healths = Vec::with_capacity(instances);
-    for (i, path) in INSTANCE_PATHS.iter().enumerate().take(instances) {
-        let sink_url = if slow {
-            receiver.slow_instance_url(i)
-        } else {
-            receiver.instance_url(i)
-        };
-        let config = Config::webhook(&sink_url)
-            .claim_mode()
-            .no_lease()
-            .batch_size(CLAIM_BATCH)
-            .max_in_flight(CLAIM_IN_FLIGHT)
-            .poll_interval(poll_interval.unwrap_or(Duration::from_millis(500)))
-            .hook(|s| s.timeout(SINK_TIMEOUT).concurrency(CLAIM_IN_FLIGHT));
-        let instance = format!("bench-{path}");
-        let (relay, store, health) =
-            assemble(db, url, table, &instance, &config, dir.path(), &shutdown).await?;
-        relays.push(relay);
-        healths.push(health);
-        stores.push(store);
-    }
+    let (relays, stores, healths) =
+        assemble_instances(url, table, receiver, setup, dir.path(), &shutdown).await?;
     let probe = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
 
-    let received_before = receiver.count();
     let shares_before = receiver.instance_counts();
     let repeats_before = receiver.reset_seen();
     let statements_before: u64 = stores.iter().map(|s| s.statements()).sum();
     let cpu_before = CpuSnap::take();
-    let started = Instant::now();
+    let watch = Watch::start(receiver, n, &probe, table, CLAIM_RUN_LIMIT);
     let tasks: Vec<_> = relays.into_iter().map(spawn_relay_task).collect();
-
-    let deadline = started + CLAIM_RUN_LIMIT;
-    let mut half_at: Option<Duration> = None;
-    let mut was_ok = vec![true; instances];
-    let mut claim_failures = 0u64;
-    let outcome: anyhow::Result<()> = loop {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        for (ok, health) in was_ok.iter_mut().zip(&healths) {
-            let now_ok = health.database_ok();
-            if *ok && !now_ok {
-                claim_failures += 1;
-            }
-            *ok = now_ok;
-        }
-        let received = receiver.count() - received_before;
-        if half_at.is_none() && received >= n as u64 / 2 {
-            half_at = Some(started.elapsed());
-        }
-        if Instant::now() > deadline {
-            let counts = status_counts(probe.pool(), table).await;
-            break Err(anyhow::anyhow!(
-                "rows did not all reach SUCCESS within {CLAIM_RUN_LIMIT:?}: received {received} of {n}, table: {counts}"
-            ));
-        }
-        if tasks.iter().any(|t| t.is_finished()) {
-            break Err(anyhow::anyhow!("a relay loop ended by itself"));
-        }
-        if received < n as u64 {
-            continue;
-        }
-        let done = scalar(
-            probe.pool(),
-            format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
-        )
+    let mut failed_claims = FailedClaims::new(instances);
+    let watched = watch
+        .until_done(|| {
+            failed_claims.sample(&healths);
+            tasks
+                .iter()
+                .any(|t| t.is_finished())
+                .then_some("a relay loop ended by itself")
+        })
         .await?;
-        if done >= n as i64 {
-            break Ok(());
-        }
-    };
-    let elapsed = started.elapsed();
+    let elapsed = watch.started.elapsed();
     let statements = stores.iter().map(|s| s.statements()).sum::<u64>() - statements_before;
-    let halves = half_at.map(|h| {
-        let half = (n / 2) as f64;
-        (
-            half / h.as_secs_f64(),
-            (n as f64 - half) / (elapsed - h).as_secs_f64().max(1e-6),
-        )
-    });
+    let halves = watched.halves(n, elapsed);
     let cpu = cpu_before
         .zip(CpuSnap::take())
         .and_then(|(a, b)| a.since(b));
 
     shutdown.cancel();
-    let stop_by = tokio::time::Instant::now() + Duration::from_secs(30);
-    for task in tasks {
-        if tokio::time::timeout_at(stop_by, task).await.is_err() {
-            eprintln!("warning: a claim-mode relay did not stop within 30s of shutdown");
-            break;
-        }
-    }
-    let received = receiver.count() - received_before;
-    let shares = receiver
-        .instance_counts()
-        .iter()
-        .zip(&shares_before)
-        .take(instances)
-        .map(|(after, before)| after - before)
-        .collect();
+    stop_all(tasks).await;
+    let received = receiver.count() - watch.received_before;
+    let shares = shares_since(receiver, &shares_before, instances);
     let repeats = receiver.reset_seen() - repeats_before;
     for store in &stores {
         store.pool().close().await;
     }
     probe.pool().close().await;
-    outcome?;
+    watched.outcome?;
     Ok(ClaimRun {
         rows: n,
         instances,
@@ -253,9 +183,94 @@ pub(crate) async fn claim_run_on(
         received,
         repeats,
         statements,
-        claim_failures,
+        claim_failures: failed_claims.seen,
         cpu,
     })
+}
+
+/// The run's claim-mode instances, each with its own pool, sinks, instance id and receiver
+/// path (a slow one with `setup.slow`), not yet running; their stores and health.
+async fn assemble_instances(
+    url: &str,
+    table: &str,
+    receiver: &Receiver,
+    setup: ClaimSetup,
+    dir: &std::path::Path,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<(Vec<Assembled>, Vec<Arc<SqlStore>>, Vec<Arc<Health>>)> {
+    let instances = setup.instances;
+    let mut relays = Vec::with_capacity(instances);
+    let mut stores = Vec::with_capacity(instances);
+    let mut healths = Vec::with_capacity(instances);
+    for (i, path) in INSTANCE_PATHS.iter().enumerate().take(instances) {
+        let sink_url = if setup.slow {
+            receiver.slow_instance_url(i)
+        } else {
+            receiver.instance_url(i)
+        };
+        let config = Config::webhook(&sink_url)
+            .claim_mode()
+            .no_lease()
+            .batch_size(CLAIM_BATCH)
+            .max_in_flight(CLAIM_IN_FLIGHT)
+            .poll_interval(setup.poll_interval.unwrap_or(Duration::from_millis(500)))
+            .hook(|s| s.timeout(SINK_TIMEOUT).concurrency(CLAIM_IN_FLIGHT));
+        let instance = format!("bench-{path}");
+        let (relay, store, health) =
+            assemble(url, table, &instance, &config, dir, shutdown).await?;
+        relays.push(relay);
+        healths.push(health);
+        stores.push(store);
+    }
+    Ok((relays, stores, healths))
+}
+
+/// Failed claims, as seen from the instances' readiness (it goes false at a failed claim),
+/// sampled at every look of the run's watch.
+struct FailedClaims {
+    was_ok: Vec<bool>,
+    seen: u64,
+}
+
+impl FailedClaims {
+    fn new(instances: usize) -> FailedClaims {
+        FailedClaims {
+            was_ok: vec![true; instances],
+            seen: 0,
+        }
+    }
+
+    fn sample(&mut self, healths: &[Arc<Health>]) {
+        for (ok, health) in self.was_ok.iter_mut().zip(healths) {
+            let now_ok = health.database_ok();
+            if *ok && !now_ok {
+                self.seen += 1;
+            }
+            *ok = now_ok;
+        }
+    }
+}
+
+/// The requests each of the first `instances` receiver paths got since `before`.
+fn shares_since(receiver: &Receiver, before: &[u64], instances: usize) -> Vec<u64> {
+    receiver
+        .instance_counts()
+        .iter()
+        .zip(before)
+        .take(instances)
+        .map(|(after, before)| after - before)
+        .collect()
+}
+
+/// Waits for the instances to stop after shutdown, 30 s at most in all.
+async fn stop_all(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    let stop_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    for task in tasks {
+        if tokio::time::timeout_at(stop_by, task).await.is_err() {
+            eprintln!("warning: a claim-mode relay did not stop within 30s of shutdown");
+            break;
+        }
+    }
 }
 
 /// One database's claim-mode figures, for the final table.
@@ -324,43 +339,47 @@ pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) 
     };
     // Only PostgreSQL and MySQL/MariaDB run here; the path is for SQLite's file.
     let url = db.url(&std::env::temp_dir());
-    match SqlStore::connect(&url, "bench_probe", 1, Duration::from_secs(3)).await {
-        Ok(store) => store.pool().close().await,
-        Err(e) => {
-            let msg = format!("{} at {url} unreachable: {e}", db.name());
-            println!("SKIPPED: {msg}");
-            s.skipped = Some(msg);
-            return s;
-        }
+    if let Err(msg) = reachable(db, &url).await {
+        s.skipped = Some(msg);
+        return s;
     }
     println!(
         "== {}: claim mode, {rows} rows per run, each instance batch {CLAIM_BATCH} max_in_flight {CLAIM_IN_FLIGHT}, own pool and receiver path",
         db.name()
     );
+    scaling_runs(&mut s, &url, receiver, rows).await;
+    slow_runs(&mut s, &url, receiver, rows).await;
+    keyed_runs(&mut s, &url, receiver, rows).await;
+    s
+}
+
+/// 1, 2 and 3 instances on unkeyed rows.
+async fn scaling_runs(s: &mut ClaimSection, url: &str, receiver: &Receiver, rows: usize) {
+    let db = s.db;
     for instances in 1..=INSTANCE_PATHS.len() {
-        match claim_run(db, &url, receiver, rows, ClaimSetup::new(instances, 0)).await {
+        match claim_run(db, url, receiver, rows, ClaimSetup::new(instances, 0)).await {
             Ok(r) => {
                 print_claim(db, &r, s.unkeyed(1).filter(|_| instances > 1));
                 s.scaling.push(r);
             }
             Err(e) => {
-                println!(
-                    "  {:<8} claim     {instances} inst unkeyed ERROR: {e:#}",
-                    db.name()
-                );
-                s.errors
-                    .push(format!("claim {instances} inst unkeyed: {e:#}"));
+                let what = format!("{instances} inst unkeyed");
+                run_failed(db, "claim", &what, &e, &mut s.errors);
             }
         }
     }
-    // A receiver that takes 20 ms per request: each instance is then bounded by its sends at
-    // once, as in most deployments, and more instances deliver more.
+}
+
+/// 1 and 3 instances against a receiver that takes 20 ms per request: each instance is then
+/// bounded by its sends at once, as in most deployments, and more instances deliver more.
+async fn slow_runs(s: &mut ClaimSection, url: &str, receiver: &Receiver, rows: usize) {
+    let db = s.db;
     for instances in [1, INSTANCE_PATHS.len()] {
         let setup = ClaimSetup {
             slow: true,
             ..ClaimSetup::new(instances, 0)
         };
-        match claim_run(db, &url, receiver, rows, setup).await {
+        match claim_run(db, url, receiver, rows, setup).await {
             Ok(r) => {
                 println!(
                     "  {:<8} claim     {instances} inst, receiver answering after {} ms: {:.0} rows/s",
@@ -371,18 +390,18 @@ pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) 
                 s.slow.push(r);
             }
             Err(e) => {
-                println!(
-                    "  {:<8} claim     {instances} inst slow receiver ERROR: {e:#}",
-                    db.name()
-                );
-                s.errors
-                    .push(format!("claim {instances} inst slow receiver: {e:#}"));
+                let what = format!("{instances} inst slow receiver");
+                run_failed(db, "claim", &what, &e, &mut s.errors);
             }
         }
     }
-    // Ordering on: the same runs on keyed rows, then a diagnostic with a short poll interval
-    // (a claim that comes back short, as when most keys' heads are in flight, makes the loop
-    // sleep poll_interval; this shows how much of the cost is that sleep).
+}
+
+/// Ordering on: the same runs on keyed rows, then a diagnostic with a short poll interval
+/// (a claim that comes back short, as when most keys' heads are in flight, makes the loop
+/// sleep poll_interval; this shows how much of the cost is that sleep).
+async fn keyed_runs(s: &mut ClaimSection, url: &str, receiver: &Receiver, rows: usize) {
+    let db = s.db;
     let keyed = [
         ClaimSetup::new(1, ORDERING_KEYS),
         ClaimSetup::new(INSTANCE_PATHS.len(), ORDERING_KEYS),
@@ -392,7 +411,7 @@ pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) 
         },
     ];
     for setup in keyed {
-        match claim_run(db, &url, receiver, rows, setup).await {
+        match claim_run(db, url, receiver, rows, setup).await {
             Ok(r) => {
                 print_claim(db, &r, s.unkeyed(setup.instances));
                 s.keyed.push(r);
@@ -403,12 +422,10 @@ pub(crate) async fn run_claim_section(db: Db, receiver: &Receiver, rows: usize) 
                     .map(|p| format!(" poll {}ms", p.as_millis()))
                     .unwrap_or_default();
                 let what = format!("{} inst {} keys{poll}", setup.instances, setup.keys);
-                println!("  {:<8} claim     {what} ERROR: {e:#}", db.name());
-                s.errors.push(format!("claim {what}: {e:#}"));
+                run_failed(db, "claim", &what, &e, &mut s.errors);
             }
         }
     }
-    s
 }
 
 /// The claim section's lines of the final summary.

@@ -60,13 +60,12 @@ pub(crate) async fn latency_run(
     seconds: u32,
 ) -> anyhow::Result<Latency> {
     on_own_table(db, url, "latency", async |t| {
-        latency_run_on(db, url, t, receiver, rate, seconds).await
+        latency_run_on(url, t, receiver, rate, seconds).await
     })
     .await
 }
 
 async fn latency_run_on(
-    db: Db,
     url: &str,
     table: &str,
     receiver: &Receiver,
@@ -79,58 +78,11 @@ async fn latency_run_on(
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
     let (relay, _store, _) =
-        assemble(db, url, table, "latency", &config, dir.path(), &shutdown).await?;
+        assemble(url, table, "latency", &config, dir.path(), &shutdown).await?;
     let task = spawn_relay_task(relay);
     let app = Arc::new(SqlStore::connect(url, table, INSERTERS, Duration::from_secs(5)).await?);
-    // Warm-up, not measured: a few rows through the fresh relay until they arrive. (A relay
-    // just started delivers its first rows up to about 100 ms late on PostgreSQL while its
-    // connections come up; that is start-up, not the steady state measured here.)
-    for i in 0..WARM_UP_ROWS {
-        let row = store::NewRow {
-            channel: "hook".into(),
-            payload: payload(i),
-            ..Default::default()
-        };
-        app.enqueue(&row).await?;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let warm_until = Instant::now() + ARRIVAL_LIMIT;
-    let mut warmed = 0;
-    while warmed < WARM_UP_ROWS && Instant::now() < warm_until {
-        warmed += receiver.take_arrivals().len();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    receiver.take_arrivals();
-
-    let per_task = rate / INSERTERS;
-    let every = Duration::from_secs_f64(1.0 / f64::from(per_task.max(1)));
-    let mut inserters = Vec::new();
-    for t in 0..INSERTERS {
-        let app = app.clone();
-        inserters.push(tokio::spawn(async move {
-            // Staggered, so the tasks' inserts interleave evenly.
-            tokio::time::sleep(every / INSERTERS * t).await;
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut committed = Vec::new();
-            for i in 0..per_task * seconds {
-                tick.tick().await;
-                let row = store::NewRow {
-                    channel: "hook".into(),
-                    payload: payload(i as usize),
-                    ..Default::default()
-                };
-                let id = app.enqueue(&row).await?;
-                committed.push((id, Instant::now()));
-            }
-            anyhow::Ok(committed)
-        }));
-    }
-    let mut committed = Vec::new();
-    for t in inserters {
-        committed.extend(t.await??);
-    }
+    warm_up(&app, receiver).await?;
+    let committed = insert_at(&app, rate, seconds).await?;
     let deadline = Instant::now() + ARRIVAL_LIMIT;
     let mut arrived: HashMap<i64, Instant> = HashMap::new();
     while Instant::now() < deadline {
@@ -164,6 +116,68 @@ async fn latency_run_on(
     })
 }
 
+/// Warm-up, not measured: a few rows through the fresh relay until they arrive. (A relay
+/// just started delivers its first rows up to about 100 ms late on PostgreSQL while its
+/// connections come up; that is start-up, not the steady state measured here.)
+async fn warm_up(app: &SqlStore, receiver: &Receiver) -> anyhow::Result<()> {
+    for i in 0..WARM_UP_ROWS {
+        let row = store::NewRow {
+            channel: "hook".into(),
+            payload: payload(i),
+            ..Default::default()
+        };
+        app.enqueue(&row).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let warm_until = Instant::now() + ARRIVAL_LIMIT;
+    let mut warmed = 0;
+    while warmed < WARM_UP_ROWS && Instant::now() < warm_until {
+        warmed += receiver.take_arrivals().len();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    receiver.take_arrivals();
+    Ok(())
+}
+
+/// Inserts rows one per transaction at `rate` rows/s for `seconds`, from [`INSERTERS`]
+/// tasks; returns each row's id and commit time.
+async fn insert_at(
+    app: &Arc<SqlStore>,
+    rate: u32,
+    seconds: u32,
+) -> anyhow::Result<Vec<(i64, Instant)>> {
+    let per_task = rate / INSERTERS;
+    let every = Duration::from_secs_f64(1.0 / f64::from(per_task.max(1)));
+    let mut inserters = Vec::new();
+    for t in 0..INSERTERS {
+        let app = app.clone();
+        inserters.push(tokio::spawn(async move {
+            // Staggered, so the tasks' inserts interleave evenly.
+            tokio::time::sleep(every / INSERTERS * t).await;
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut committed = Vec::new();
+            for i in 0..per_task * seconds {
+                tick.tick().await;
+                let row = store::NewRow {
+                    channel: "hook".into(),
+                    payload: payload(i as usize),
+                    ..Default::default()
+                };
+                let id = app.enqueue(&row).await?;
+                committed.push((id, Instant::now()));
+            }
+            anyhow::Ok(committed)
+        }));
+    }
+    let mut committed = Vec::new();
+    for t in inserters {
+        committed.extend(t.await??);
+    }
+    Ok(committed)
+}
+
 /// A row committed under a backlog: how long it took and how many backlog rows went out
 /// between its commit and its own arrival (the issue's "not starved behind it for more than
 /// one claim round"; docs/design.md, "Oldest first, but not only").
@@ -195,13 +209,12 @@ pub(crate) async fn under_backlog_run(
     backlog: usize,
 ) -> anyhow::Result<UnderBacklog> {
     on_own_table(db, url, "backlog", async |t| {
-        under_backlog_run_on(db, url, t, receiver, backlog).await
+        under_backlog_run_on(url, t, receiver, backlog).await
     })
     .await
 }
 
 async fn under_backlog_run_on(
-    db: Db,
     url: &str,
     table: &str,
     receiver: &Receiver,
@@ -215,7 +228,7 @@ async fn under_backlog_run_on(
     let app = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
     receiver.take_arrivals();
     let (relay, _store, _) =
-        assemble(db, url, table, "backlog", &config, dir.path(), &shutdown).await?;
+        assemble(url, table, "backlog", &config, dir.path(), &shutdown).await?;
     let task = spawn_relay_task(relay);
     let mut arrived: HashMap<i64, Instant> = HashMap::new();
     let deadline = Instant::now() + ARRIVAL_LIMIT;

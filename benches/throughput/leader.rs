@@ -96,15 +96,7 @@ pub(crate) async fn relay_run_on(
         rows,
     } = config;
     prepare_table(url, table, n, analyze, rows).await?;
-    let bench_url = url;
-    let url = &match pg_options {
-        Some((_, options)) => {
-            let sep = if url.contains('?') { '&' } else { '?' };
-            let encoded = options.replace(' ', "%20").replace('=', "%3D");
-            format!("{url}{sep}options={encoded}")
-        }
-        None => url.to_string(),
-    };
+    let relay_url = with_pg_options(url, pg_options.map(|(_, options)| options));
 
     let dir = tempfile::tempdir()?;
     let mut cfg = Config::webhook(&receiver.url)
@@ -119,72 +111,28 @@ pub(crate) async fn relay_run_on(
         cfg = cfg.hook(|s| s.concurrency(c));
     }
     let shutdown = CancellationToken::new();
-    let (relay, store, _) = assemble(db, url, table, "bench", &cfg, dir.path(), &shutdown).await?;
+    let (relay, store, _) =
+        assemble(&relay_url, table, "bench", &cfg, dir.path(), &shutdown).await?;
     if let Some((_, options)) = pg_options {
-        // Check that the server took them (each `-c name=value`).
-        for setting in options.split("-c").map(str::trim).filter(|s| !s.is_empty()) {
-            let (name, value) = setting.split_once('=').unwrap_or((setting, ""));
-            let actual: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
-                .fetch_one(store.pool())
-                .await?;
-            if actual != value {
-                bail!("{name} is {actual:?} on the relay's sessions, not {value:?}");
-            }
-        }
+        check_pg_options(&store, options).await?;
     }
     // The bench's own progress checks go through a separate one-connection pool.
-    let probe = SqlStore::connect(bench_url, table, 1, Duration::from_secs(5)).await?;
-    let mut probe_queries = 0i64;
+    let probe = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
 
-    let xacts_before = settled_xacts(db, bench_url).await;
-    let received_before = receiver.count();
+    let xacts_before = settled_xacts(db, url).await;
     let statements_before = store.statements();
     let cpu_before = CpuSnap::take();
-    let started = Instant::now();
+    let watch = Watch::start(receiver, n, &probe, table, RELAY_RUN_LIMIT);
     let task = spawn_relay_task(relay);
-
-    // Watch the receiver (free), then confirm in the database (cheap, a few queries).
-    let deadline = started + RELAY_RUN_LIMIT;
-    // When the receiver saw half the rows: a second half much slower than the first points at
-    // claims getting costlier as delivered rows pile up in the table.
-    let mut half_at: Option<Duration> = None;
-    let outcome: anyhow::Result<()> = loop {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        if half_at.is_none() && receiver.count() - received_before >= n as u64 / 2 {
-            half_at = Some(started.elapsed());
-        }
-        if Instant::now() > deadline {
-            let counts = status_counts(probe.pool(), table).await;
-            break Err(anyhow::anyhow!(
-                "rows did not all reach SUCCESS within {RELAY_RUN_LIMIT:?}: received {} of {n}, table: {counts}",
-                receiver.count() - received_before
-            ));
-        }
-        if task.is_finished() {
-            break Err(anyhow::anyhow!("the relay loop ended by itself"));
-        }
-        if receiver.count() - received_before < n as u64 {
-            continue;
-        }
-        probe_queries += 1;
-        let done = scalar(
-            probe.pool(),
-            format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
-        )
+    let watched = watch
+        .until_done(|| {
+            task.is_finished()
+                .then_some("the relay loop ended by itself")
+        })
         .await?;
-        if done >= n as i64 {
-            break Ok(());
-        }
-    };
-    let elapsed = started.elapsed();
+    let elapsed = watch.started.elapsed();
     let statements = store.statements() - statements_before;
-    let halves = half_at.map(|h| {
-        let half = (n / 2) as f64;
-        (
-            half / h.as_secs_f64(),
-            (n as f64 - half) / (elapsed - h).as_secs_f64().max(1e-6),
-        )
-    });
+    let halves = watched.halves(n, elapsed);
     let cpu = cpu_before
         .zip(CpuSnap::take())
         .and_then(|(a, b)| a.since(b));
@@ -196,14 +144,14 @@ pub(crate) async fn relay_run_on(
     {
         eprintln!("warning: relay did not stop within 30s of shutdown");
     }
-    outcome?;
-    let received = receiver.count() - received_before;
+    watched.outcome?;
+    let received = receiver.count() - watch.received_before;
     store.pool().close().await;
     probe.pool().close().await;
-    let xacts_after = settled_xacts(db, bench_url).await;
+    let xacts_after = settled_xacts(db, url).await;
     let xacts = match (xacts_before, xacts_after) {
         // Our own sessions: the probe's queries and the stats read itself.
-        (Some(a), Some(b)) => Some(b - a - probe_queries - 1),
+        (Some(a), Some(b)) => Some(b - a - watched.probe_queries - 1),
         _ => None,
     };
     Ok(RelayRun {
@@ -216,6 +164,138 @@ pub(crate) async fn relay_run_on(
         cpu,
         halves,
     })
+}
+
+/// `url` with PostgreSQL settings for the relay's sessions in its `options` (`-c name=value
+/// ...`), if any.
+fn with_pg_options(url: &str, options: Option<&str>) -> String {
+    match options {
+        Some(options) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let encoded = options.replace(' ', "%20").replace('=', "%3D");
+            format!("{url}{sep}options={encoded}")
+        }
+        None => url.to_string(),
+    }
+}
+
+/// Checks that the server took each `-c name=value` of `options` on the relay's sessions.
+async fn check_pg_options(store: &SqlStore, options: &str) -> anyhow::Result<()> {
+    for setting in options.split("-c").map(str::trim).filter(|s| !s.is_empty()) {
+        let (name, value) = setting.split_once('=').unwrap_or((setting, ""));
+        let actual: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
+            .fetch_one(store.pool())
+            .await?;
+        if actual != value {
+            bail!("{name} is {actual:?} on the relay's sessions, not {value:?}");
+        }
+    }
+    Ok(())
+}
+
+/// Watching a run of `n` rows until every one is SUCCESS: the receiver first (free), then
+/// the database (cheap, a few queries), within `limit`.
+pub(crate) struct Watch<'a> {
+    receiver: &'a Receiver,
+    pub(crate) received_before: u64,
+    n: usize,
+    /// The bench's own one-connection pool.
+    probe: &'a SqlStore,
+    table: &'a str,
+    limit: Duration,
+    pub(crate) started: Instant,
+}
+
+/// What watching a run saw.
+pub(crate) struct Watched {
+    /// `Err`: the rows did not all arrive in time, or a relay loop ended by itself.
+    pub(crate) outcome: anyhow::Result<()>,
+    /// When the receiver saw half the rows: a second half much slower than the first points
+    /// at claims getting costlier as delivered rows pile up in the table.
+    half_at: Option<Duration>,
+    /// Queries the probe made (its own transactions, on PostgreSQL).
+    probe_queries: i64,
+}
+
+impl<'a> Watch<'a> {
+    /// Starts the clock; the run's relays start right after.
+    pub(crate) fn start(
+        receiver: &'a Receiver,
+        n: usize,
+        probe: &'a SqlStore,
+        table: &'a str,
+        limit: Duration,
+    ) -> Watch<'a> {
+        Watch {
+            received_before: receiver.count(),
+            receiver,
+            n,
+            probe,
+            table,
+            limit,
+            started: Instant::now(),
+        }
+    }
+
+    /// Watches every 5 ms until done, `limit` passes or `ended` says why a relay stopped
+    /// (then the outcome is that error). An error of the database check ends the run at
+    /// once, as `Err`.
+    pub(crate) async fn until_done(
+        &self,
+        mut ended: impl FnMut() -> Option<&'static str>,
+    ) -> anyhow::Result<Watched> {
+        let (n, table) = (self.n, self.table);
+        let deadline = self.started + self.limit;
+        let mut half_at = None;
+        let mut probe_queries = 0i64;
+        let outcome = loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let received = self.receiver.count() - self.received_before;
+            if half_at.is_none() && received >= n as u64 / 2 {
+                half_at = Some(self.started.elapsed());
+            }
+            if Instant::now() > deadline {
+                let counts = status_counts(self.probe.pool(), table).await;
+                break Err(anyhow::anyhow!(
+                    "rows did not all reach SUCCESS within {:?}: received {received} of {n}, table: {counts}",
+                    self.limit
+                ));
+            }
+            if let Some(why) = ended() {
+                break Err(anyhow::anyhow!(why));
+            }
+            if received < n as u64 {
+                continue;
+            }
+            probe_queries += 1;
+            let done = scalar(
+                self.probe.pool(),
+                format!("SELECT COUNT(*) FROM {table} WHERE status = 'SUCCESS'"),
+            )
+            .await?;
+            if done >= n as i64 {
+                break Ok(());
+            }
+        };
+        Ok(Watched {
+            outcome,
+            half_at,
+            probe_queries,
+        })
+    }
+}
+
+impl Watched {
+    /// Rows/s over the first and the second half of `n` rows delivered in `elapsed`.
+    pub(crate) fn halves(&self, n: usize, elapsed: Duration) -> Option<(f64, f64)> {
+        self.half_at.map(|h| {
+            let half = (n / 2) as f64;
+            (
+                half / h.as_secs_f64(),
+                (n as f64 - half) / (elapsed - h).as_secs_f64().max(1e-6),
+            )
+        })
+    }
 }
 
 /// The receiver's ceiling with the sink's default sends at once, printed with `when` (before
@@ -246,10 +326,8 @@ pub(crate) async fn ceiling_logged(
 
 /// The ceiling a run's share is taken against: the mean of the ceilings measured right
 /// before and right after it. This machine's speed drifts within a minute (neighbours on a
-/// shared host): in one run the ceiling came out at 54.8k requests/s and the drain that
-/// followed took 1.5x the CPU per row, in every process, of the runs around it, which put
-/// its share at 33% where those runs gave 52-59%. Bracketing the run makes such a share
-/// show the drift instead of hiding it in one number.
+/// shared host); bracketing the run makes a share show the drift instead of hiding it in one
+/// number (docs/performance-log.md has the run that showed it).
 pub(crate) fn ceiling_around(ceilings: (Option<f64>, Option<f64>)) -> Option<f64> {
     match ceilings {
         (Some(a), Some(b)) => Some((a + b) / 2.0),
@@ -318,6 +396,8 @@ pub(crate) fn print_relay(db: Db, label: &str, r: &RelayRun) {
     );
 }
 
+/// The leader section on one database: the main run with the relay's defaults between two
+/// ceilings, the naive loop, then the variations.
 pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -> Section {
     let mut s = Section {
         db,
@@ -337,20 +417,33 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         }
     };
     let url = db.url(dir.path());
-    // Reachable at all?
-    match SqlStore::connect(&url, "bench_probe", 1, Duration::from_secs(3)).await {
-        Ok(store) => store.pool().close().await,
-        Err(e) => {
-            let msg = format!("{} at {url} unreachable: {e}", db.name());
-            println!("SKIPPED: {msg}");
-            s.skipped = Some(msg);
-            return s;
+    if let Err(msg) = reachable(db, &url).await {
+        s.skipped = Some(msg);
+        return s;
+    }
+    main_run(&mut s, &url, receiver, main_rows).await;
+    naive(&mut s, &url, receiver, main_rows).await;
+    for (config, rows) in variations(db, main_rows) {
+        let (b, f) = (config.batch_size, config.max_in_flight);
+        match relay_run(db, &url, receiver, rows, config).await {
+            Ok(r) => {
+                print_relay(db, "variation", &r);
+                s.variations.push(r);
+            }
+            Err(e) => {
+                let what = format!("batch {b} in_flight {f}");
+                run_failed(db, "variation", &what, &e, &mut s.errors);
+            }
         }
     }
-    // The main run uses the relay's defaults; the ceiling is measured with as many POSTs at
-    // once as the default sink sends at once.
-    let defaults = outbox_relay::config::RelaySettings::default();
-    let (batch, in_flight) = (defaults.batch_size, defaults.max_in_flight);
+    s
+}
+
+/// The main run, with the relay's defaults, bracketed by the receiver's ceiling measured
+/// with as many POSTs at once as the default sink sends at once.
+async fn main_run(s: &mut Section, url: &str, receiver: &Receiver, main_rows: usize) {
+    let db = s.db;
+    let (batch, in_flight) = relay_defaults();
     let sends = DEFAULT_SINK_CONCURRENCY;
     println!(
         "== {}: main relay run of {main_rows} rows (defaults: batch {batch}, max_in_flight {in_flight}, sink concurrency {sends})",
@@ -362,32 +455,32 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
     let _ = ceiling_run(receiver, main_rows / 2, sends).await;
     s.ceilings.0 = ceiling_logged(db, receiver, main_rows, "before", &mut s.errors).await;
 
-    match relay_run(
-        db,
-        &url,
-        receiver,
-        main_rows,
-        RunConfig {
-            sink_concurrency: None,
-            ..RunConfig::new(batch, in_flight)
-        },
-    )
-    .await
-    {
+    let config = RunConfig {
+        sink_concurrency: None,
+        ..RunConfig::new(batch, in_flight)
+    };
+    match relay_run(db, url, receiver, main_rows, config).await {
         Ok(r) => {
             print_relay(db, "relay", &r);
             s.main = Some(r);
         }
-        Err(e) => {
-            println!("  {:<8} relay     ERROR: {e:#}", db.name());
-            s.errors.push(format!("relay: {e:#}"));
-        }
+        Err(e) => run_failed(db, "relay", "", &e, &mut s.errors),
     }
     s.ceilings.1 = ceiling_logged(db, receiver, main_rows, "after", &mut s.errors).await;
     s.ceiling = ceiling_around(s.ceilings);
+}
 
+/// The relay's default `batch_size` and `max_in_flight`.
+fn relay_defaults() -> (u32, u32) {
+    let defaults = outbox_relay::config::RelaySettings::default();
+    (defaults.batch_size, defaults.max_in_flight)
+}
+
+/// The naive loop, over a quarter of the main run's rows (at least 500).
+async fn naive(s: &mut Section, url: &str, receiver: &Receiver, main_rows: usize) {
+    let db = s.db;
     let naive_rows = (main_rows / 4).max(500);
-    match naive_run(db, &url, receiver, naive_rows).await {
+    match naive_run(db, url, receiver, naive_rows).await {
         Ok(r) => {
             let xacts = r
                 .xacts
@@ -403,15 +496,41 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             );
             s.naive = Some(r);
         }
-        Err(e) => {
-            println!("  {:<8} naive     ERROR: {e:#}", db.name());
-            s.errors.push(format!("naive: {e:#}"));
-        }
+        Err(e) => run_failed(db, "naive", "", &e, &mut s.errors),
     }
+}
 
-    // Where the throughput comes from: concurrency, batch size, and the sink's default cap.
+/// The variation runs (configuration, rows): those of `OUTBOX_RELAY_BENCH_VARIATIONS`
+/// (`batch/in_flight/concurrency[/noanalyze],...`, for exploring settings) if set; else
+/// where the throughput comes from, and PostgreSQL's diagnostics.
+fn variations(db: Db, main_rows: usize) -> Vec<(RunConfig, usize)> {
+    match std::env::var("OUTBOX_RELAY_BENCH_VARIATIONS") {
+        Ok(list) => list
+            .split(',')
+            .filter_map(|v| {
+                let parts: Vec<&str> = v.trim().split('/').collect();
+                let num = |i: usize| parts.get(i).and_then(|p| p.parse::<u32>().ok());
+                let config = RunConfig {
+                    sink_concurrency: num(2),
+                    analyze: parts.get(3) != Some(&"noanalyze"),
+                    ..RunConfig::new(num(0)?, num(1)?)
+                };
+                Some((config, main_rows))
+            })
+            .collect(),
+        Err(_) => standard_variations(main_rows)
+            .into_iter()
+            .chain(pg_diagnostics(db, main_rows))
+            .collect(),
+    }
+}
+
+/// Where the throughput comes from: concurrency, batch size, the sink's default cap, the
+/// planner's statistics, ordering keys and payload size.
+fn standard_variations(main_rows: usize) -> [(RunConfig, usize); 8] {
+    let (batch, in_flight) = relay_defaults();
     let var_rows = (main_rows / 2).max(1000);
-    let variations = [
+    [
         (RunConfig::new(100, 1), (var_rows / 10).max(300)),
         (RunConfig::new(100, 16), var_rows),
         (RunConfig::new(10, 64), var_rows),
@@ -452,13 +571,17 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             },
             var_rows,
         ),
-    ];
-    // PostgreSQL diagnostics on the main configuration: statements planned at every
-    // execution (the server's own choice, which the relay overrides; docs/design.md, "Generic
-    // plans"), the claim held to the plan it was written for (the partial index in id order;
-    // see the report), and commits that do not wait for the WAL flush.
+    ]
+}
+
+/// PostgreSQL diagnostics on the main configuration: statements planned at every
+/// execution (the server's own choice, which the relay overrides; docs/design.md, "Generic
+/// plans"), the claim held to the plan it was written for (the partial index in id order;
+/// see the report), and commits that do not wait for the WAL flush.
+fn pg_diagnostics(db: Db, main_rows: usize) -> impl Iterator<Item = (RunConfig, usize)> {
+    let (batch, in_flight) = relay_defaults();
     let plan = "-c enable_sort=off -c enable_bitmapscan=off";
-    let diagnostics = [
+    [
         ("custom_plans", "-c plan_cache_mode=force_custom_plan"),
         ("plan=due_idx", plan),
         (
@@ -467,8 +590,8 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         ),
     ]
     .into_iter()
-    .filter(|_| db == Db::Postgres)
-    .map(|options| {
+    .filter(move |_| db == Db::Postgres)
+    .map(move |options| {
         (
             RunConfig {
                 pg_options: Some(options),
@@ -479,41 +602,5 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             },
             main_rows,
         )
-    });
-    // OUTBOX_RELAY_BENCH_VARIATIONS=batch/in_flight/concurrency[/noanalyze],... replaces the
-    // variations with the given ones (for exploring settings).
-    let runs: Vec<(RunConfig, usize)> = match std::env::var("OUTBOX_RELAY_BENCH_VARIATIONS") {
-        Ok(list) => list
-            .split(',')
-            .filter_map(|v| {
-                let parts: Vec<&str> = v.trim().split('/').collect();
-                let num = |i: usize| parts.get(i).and_then(|p| p.parse::<u32>().ok());
-                let config = RunConfig {
-                    sink_concurrency: num(2),
-                    analyze: parts.get(3) != Some(&"noanalyze"),
-                    ..RunConfig::new(num(0)?, num(1)?)
-                };
-                Some((config, main_rows))
-            })
-            .collect(),
-        Err(_) => variations.into_iter().chain(diagnostics).collect(),
-    };
-    for (config, rows) in runs {
-        let (b, f) = (config.batch_size, config.max_in_flight);
-        match relay_run(db, &url, receiver, rows, config).await {
-            Ok(r) => {
-                print_relay(db, "variation", &r);
-                s.variations.push(r);
-            }
-            Err(e) => {
-                println!(
-                    "  {:<8} variation batch {b} in_flight {f} ERROR: {e:#}",
-                    db.name()
-                );
-                s.errors
-                    .push(format!("variation batch {b} in_flight {f}: {e:#}"));
-            }
-        }
-    }
-    s
+    })
 }

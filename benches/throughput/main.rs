@@ -94,12 +94,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use outbox_relay::config::Settings;
-use outbox_relay::relay::Relay;
+use outbox_relay::lease;
+use outbox_relay::relay::{self, Relay};
 use outbox_relay::sink::SinkRegistry;
 use outbox_relay::store::{self, Dialect, SqlStore};
 use outbox_relay::telemetry::Health;
 use sqlx::{Connection, Row};
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use claim::*;
@@ -113,18 +113,18 @@ use references::*;
 use support::Db;
 use support::config::Config;
 
-/// A relay assembled in this process as `outbox-relay run` assembles it, without a lease
-/// and without HTTP endpoints: `config` is written to `dir` and loaded as the binary loads
-/// its file. Returns the relay (not yet running), its store and its health.
+/// A relay assembled in this process as `outbox-relay run` assembles it (`relay::assemble`:
+/// its arrival watcher, and its lease, none unless `config` asks for one), without HTTP
+/// endpoints: `config` is written to `dir` and loaded as the binary loads its file. Returns
+/// the relay (not yet running; see [`spawn_relay_task`]), its store and its health.
 async fn assemble(
-    db: Db,
     url: &str,
     table: &str,
     instance: &str,
     config: &Config,
     dir: &std::path::Path,
     shutdown: &CancellationToken,
-) -> anyhow::Result<(Relay, Arc<SqlStore>, Arc<Health>)> {
+) -> anyhow::Result<(Assembled, Arc<SqlStore>, Arc<Health>)> {
     let file = config.write(dir, &format!("{instance}.toml"));
     let env: BTreeMap<String, String> = [
         ("OUTBOX_RELAY__DATABASE__URL", url),
@@ -151,37 +151,14 @@ async fn assemble(
         anyhow::Ok(store)
     })
     .await?;
-    let wake = Arc::new(Notify::new());
-    let arrivals = store::Arrivals::new(wake.clone());
-    // As `run` wires it: NOTIFY on PostgreSQL, the newest-id check elsewhere.
-    if db == Db::Postgres && settings.database.listen {
-        tokio::spawn(store::listen(
-            url.to_string(),
-            table.to_string(),
-            arrivals.clone(),
-            shutdown.clone(),
-        ));
-    } else {
-        tokio::spawn(store::watch_new_rows(
-            store.clone(),
-            arrivals.clone(),
-            shutdown.clone(),
-        ));
-    }
     let health = Arc::new(Health::default());
     health.set_database(true);
-    let relay = Relay {
-        store: Arc::new(store::OnDbThread(store.clone())),
-        sinks,
-        settings: settings.relay.clone(),
-        lease: None,
-        wake,
-        arrivals,
-        health: health.clone(),
-        shutdown: shutdown.clone(),
-    };
+    let relay = relay::assemble(&settings, &store, sinks, health.clone(), shutdown.clone())?;
     Ok((relay, store, health))
 }
+
+/// A relay and the keeper of its lease, if it has one.
+type Assembled = (Relay, Option<lease::Keeper>);
 
 /// `benches/throughput/receiver.js` under `node`, killed when dropped.
 struct NodeReceiver(std::process::Child);
@@ -231,9 +208,39 @@ fn relay_runtime() -> &'static tokio::runtime::Runtime {
     RUNTIME.get_or_init(|| outbox_relay::runtime::build().expect("the relay's runtime"))
 }
 
-/// Starts a relay under test on [`relay_runtime`].
-fn spawn_relay_task(relay: Relay) -> tokio::task::JoinHandle<()> {
-    relay_runtime().spawn(relay.run())
+/// Starts a relay under test on [`relay_runtime`]; it releases its lease, if any, after its
+/// drain, as `run` does.
+fn spawn_relay_task((relay, keeper): Assembled) -> tokio::task::JoinHandle<()> {
+    relay_runtime().spawn(relay.run_then_release(keeper))
+}
+
+/// Whether `db` at `url` answers at all; `Err` with the message printed as SKIPPED when
+/// not.
+async fn reachable(db: Db, url: &str) -> Result<(), String> {
+    match SqlStore::connect(url, "bench_probe", 1, Duration::from_secs(3)).await {
+        Ok(store) => {
+            store.pool().close().await;
+            Ok(())
+        }
+        Err(e) => {
+            let msg = format!("{} at {url} unreachable: {e}", db.name());
+            println!("SKIPPED: {msg}");
+            Err(msg)
+        }
+    }
+}
+
+/// Reports a failed run of `kind` (`relay`, `naive`, `variation`, `claim`), `what` it was
+/// (empty for a run of its own kind): a line in the run's column, and an entry in `errors`
+/// for the summary.
+fn run_failed(db: Db, kind: &str, what: &str, e: &anyhow::Error, errors: &mut Vec<String>) {
+    let (line, entry) = if what.is_empty() {
+        (String::new(), kind.to_string())
+    } else {
+        (format!("{what} "), format!("{kind} {what}"))
+    };
+    println!("  {:<8} {kind:<9} {line}ERROR: {e:#}", db.name());
+    errors.push(format!("{entry}: {e:#}"));
 }
 
 /// A unique table name for one run.
@@ -272,218 +279,111 @@ fn main() {
     }
 }
 
-async fn bench() -> bool {
-    let base_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
-    let wanted =
-        std::env::var("OUTBOX_RELAY_BENCH_DBS").unwrap_or_else(|_| "postgres,mysql,sqlite".into());
-    let dbs: Vec<Db> = [Db::Postgres, Db::MySql, Db::Sqlite]
-        .into_iter()
-        .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
-        .collect();
-    let wanted_sections = std::env::var("OUTBOX_RELAY_BENCH_SECTIONS")
-        .unwrap_or_else(|_| "leader,claim,latency,memory,idle".into());
-    let section_on = |name: &str| wanted_sections.split(',').any(|w| w.trim() == name);
-    let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000)
-        .max(1);
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+/// What to run, from the environment (see the module's knobs).
+struct Plan {
+    /// Rows of the main relay run on PostgreSQL (half that, at least 1,000, elsewhere).
+    base_rows: usize,
+    dbs: Vec<Db>,
+    /// `OUTBOX_RELAY_BENCH_SECTIONS`, comma-separated.
+    sections: String,
+    claim_rows: usize,
+    cores: usize,
+    /// The Node receiver instead of the in-process one.
+    node: bool,
+}
 
-    let node = std::env::var("OUTBOX_RELAY_BENCH_RECEIVER").is_ok_and(|v| v == "node");
-    let started_receiver = if node {
-        NodeReceiver::start().map(|(r, child)| (r, Some(child)))
-    } else {
-        Receiver::start().await.map(|r| (r, None))
-    };
-    let (receiver, _node) = match started_receiver {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start the loopback receiver: {e:#}");
-            return false;
+impl Plan {
+    fn from_env() -> Plan {
+        let base_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
+        let wanted = std::env::var("OUTBOX_RELAY_BENCH_DBS")
+            .unwrap_or_else(|_| "postgres,mysql,sqlite".into());
+        let dbs: Vec<Db> = [Db::Postgres, Db::MySql, Db::Sqlite]
+            .into_iter()
+            .filter(|d| wanted.split(',').any(|w| w.trim() == d.name()))
+            .collect();
+        let sections = std::env::var("OUTBOX_RELAY_BENCH_SECTIONS")
+            .unwrap_or_else(|_| "leader,claim,latency,memory,idle".into());
+        let claim_rows: usize = std::env::var("OUTBOX_RELAY_BENCH_CLAIM_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(10_000)
+            .max(1);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0);
+        let node = std::env::var("OUTBOX_RELAY_BENCH_RECEIVER").is_ok_and(|v| v == "node");
+        Plan {
+            base_rows,
+            dbs,
+            sections,
+            claim_rows,
+            cores,
+            node,
         }
-    };
-    let kind = if node {
-        "Node's http server, its own process"
-    } else {
-        "in this process"
-    };
-    println!(
-        "outbox-relay throughput bench: receiver {} (204, no work; {kind}); {} worker threads; tracing and metrics recorder not installed",
-        receiver.url, cores
-    );
-    if node {
-        // Node compiles its request path as it goes: with only the ceiling's own warm-up,
-        // the first database's ceiling came out at 27k-29k requests/s where the next one's
-        // was 50k, which flattered the first share. Warmed with this many requests first,
-        // discarded.
-        let _ = references::ceiling_run(&receiver, NODE_WARM_UP, DEFAULT_SINK_CONCURRENCY).await;
     }
-    if node && (section_on("claim") || section_on("latency")) {
-        println!(
-            "note: the claim and latency sections need the in-process receiver; skipped with OUTBOX_RELAY_BENCH_RECEIVER=node"
-        );
+
+    fn section_on(&self, name: &str) -> bool {
+        self.sections.split(',').any(|w| w.trim() == name)
     }
-    let load = || {
-        std::fs::read_to_string("/proc/loadavg")
-            .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-            .unwrap_or_else(|_| "?".into())
+
+    /// The main run's rows on `db` (also the latency section's backlog and the binary's
+    /// drain).
+    fn rows(&self, db: Db) -> usize {
+        if db == Db::Postgres {
+            self.base_rows
+        } else {
+            (self.base_rows / 2).max(1000)
+        }
+    }
+}
+
+/// Every section's figures, for the summaries.
+#[derive(Default)]
+struct Figures {
+    sections: Vec<Section>,
+    claim_sections: Vec<ClaimSection>,
+    latencies: Vec<(Db, Vec<Latency>, Option<UnderBacklog>)>,
+    memory: Vec<(Db, Rss)>,
+    starts: Vec<(Db, Start)>,
+    idles: Vec<(Db, f64)>,
+    leader_secs: f64,
+    claim_secs: f64,
+}
+
+async fn bench() -> bool {
+    let plan = Plan::from_env();
+    let Some((receiver, _node)) = start_receiver(&plan).await else {
+        return false;
     };
     let load_at_start = load();
     let bench_started = Instant::now();
-    let mut sections = Vec::new();
-    if section_on("leader") {
-        for &db in &dbs {
-            let rows = if db == Db::Postgres {
-                base_rows
-            } else {
-                (base_rows / 2).max(1000)
-            };
-            sections.push(run_section(db, &receiver, rows).await);
+    let mut figures = Figures::default();
+    if plan.section_on("leader") {
+        for &db in &plan.dbs {
+            let section = run_section(db, &receiver, plan.rows(db)).await;
+            figures.sections.push(section);
         }
     }
-    let leader_secs = bench_started.elapsed().as_secs_f64();
-    let mut claim_sections = Vec::new();
-    let mut claim_secs = 0.0;
-    if section_on("claim") && !node {
+    figures.leader_secs = bench_started.elapsed().as_secs_f64();
+    if plan.section_on("claim") && !plan.node {
         let claim_started = Instant::now();
-        for &db in dbs.iter().filter(|d| **d != Db::Sqlite) {
-            claim_sections.push(run_claim_section(db, &receiver, claim_rows).await);
+        for &db in plan.dbs.iter().filter(|d| **d != Db::Sqlite) {
+            let section = run_claim_section(db, &receiver, plan.claim_rows).await;
+            figures.claim_sections.push(section);
         }
-        claim_secs = claim_started.elapsed().as_secs_f64();
+        figures.claim_secs = claim_started.elapsed().as_secs_f64();
     }
-    let mut latencies: Vec<(Db, Vec<Latency>, Option<UnderBacklog>)> = Vec::new();
-    if section_on("latency") && !node {
-        for &db in &dbs {
-            let Ok(dir) = tempfile::tempdir() else {
-                continue;
-            };
-            let url = db.url(dir.path());
-            let mut runs = Vec::new();
-            for (rate, seconds) in LATENCY_RATES {
-                match latency_run(db, &url, &receiver, rate, seconds).await {
-                    Ok(l) => {
-                        println!(
-                            "  {:<8} latency   {rate:>5} rows/s, one per transaction, {} rows: p50 / p99 / max {} ms",
-                            db.name(),
-                            l.rows,
-                            l.cell()
-                        );
-                        runs.push(l);
-                    }
-                    Err(e) => {
-                        println!("  {:<8} latency   {rate} rows/s ERROR: {e:#}", db.name());
-                    }
-                }
-            }
-            // A row committed while the relay drains a backlog as large as the main run's.
-            let backlog = if db == Db::Postgres {
-                base_rows
-            } else {
-                (base_rows / 2).max(1000)
-            };
-            let under = match under_backlog_run(db, &url, &receiver, backlog).await {
-                Ok(u) => {
-                    println!(
-                        "  {:<8} latency   {} rows committed one by one while {backlog} rows drain: worst {} ahead of it; each (ms, backlog rows sent between its commit and its arrival): {}",
-                        db.name(),
-                        u.rows.len(),
-                        u.cell(),
-                        u.rows
-                            .iter()
-                            .map(|(d, n)| format!("{:.1}/{n}", d.as_secs_f64() * 1000.0))
-                            .collect::<Vec<_>>()
-                            .join(" ")
-                    );
-                    Some(u)
-                }
-                Err(e) => {
-                    println!("  {:<8} latency   under a backlog ERROR: {e:#}", db.name());
-                    None
-                }
-            };
-            latencies.push((db, runs, under));
-        }
+    if plan.section_on("latency") && !plan.node {
+        figures.latencies = latency_section(&plan, &receiver).await;
     }
-    let mut memory: Vec<(Db, Rss)> = Vec::new();
-    let mut starts: Vec<(Db, Start)> = Vec::new();
-    if section_on("memory") {
-        for &db in &dbs {
-            let Ok(dir) = tempfile::tempdir() else {
-                continue;
-            };
-            // As many rows as the leader section's main run.
-            let rows = if db == Db::Postgres {
-                base_rows
-            } else {
-                (base_rows / 2).max(1000)
-            };
-            // The binary's shares are taken against a ceiling measured around its two runs
-            // (see `ceiling_around`), not the leader section's, minutes earlier.
-            let mut errors = Vec::new();
-            let before =
-                ceiling_logged(db, &receiver, rows, "before the binary", &mut errors).await;
-            match rss_run(db, &db.url(dir.path()), &receiver, rows).await {
-                Ok(r) => {
-                    println!(
-                        "  {:<8} memory    the relay binary, defaults: idle {:.1} MiB resident, peak {:.1} MiB draining {rows} rows ({:.0} rows/s)",
-                        db.name(),
-                        r.idle_kib as f64 / 1024.0,
-                        r.peak_kib as f64 / 1024.0,
-                        r.rows_per_sec
-                    );
-                    memory.push((db, r));
-                }
-                Err(e) => println!("  {:<8} memory    ERROR: {e:#}", db.name()),
-            }
-            match start_run(db, &db.url(dir.path()), &receiver, rows).await {
-                Ok(r) => {
-                    println!(
-                        "  {:<8} start     the relay binary, defaults (database lease), started on {rows} waiting rows: first send after {:.0} ms, {:.0} rows/s from the start",
-                        db.name(),
-                        r.first_send.as_secs_f64() * 1000.0,
-                        r.rows_per_sec
-                    );
-                    starts.push((db, r));
-                }
-                Err(e) => println!("  {:<8} start     ERROR: {e:#}", db.name()),
-            }
-            let after = ceiling_logged(db, &receiver, rows, "after the binary", &mut errors).await;
-            for e in errors {
-                println!("  {:<8} {e}", db.name());
-            }
-            let ceiling = ceiling_around((before, after));
-            for (_, r) in memory.iter_mut().filter(|(d, _)| *d == db) {
-                r.ceiling = ceiling;
-            }
-            for (_, r) in starts.iter_mut().filter(|(d, _)| *d == db) {
-                r.ceiling = ceiling;
-            }
-        }
+    if plan.section_on("memory") {
+        (figures.memory, figures.starts) = binary_section(&plan, &receiver).await;
     }
-    let mut idles: Vec<(Db, f64)> = Vec::new();
-    if section_on("idle") {
-        for &db in &dbs {
-            let Ok(dir) = tempfile::tempdir() else {
-                continue;
-            };
-            match idle_run(db, &db.url(dir.path()), &receiver).await {
-                Ok(Some(per_sec)) => {
-                    println!(
-                        "  {:<8} idle      the relay binary, defaults (database lease), nothing to do: {per_sec:.1} statements/s as the server counts them",
-                        db.name()
-                    );
-                    idles.push((db, per_sec));
-                }
-                Ok(None) => {}
-                Err(e) => println!("  {:<8} idle      ERROR: {e:#}", db.name()),
-            }
-        }
+    if plan.section_on("idle") {
+        figures.idles = idle_section(&plan, &receiver).await;
     }
     drop(receiver);
 
@@ -492,100 +392,18 @@ async fn bench() -> bool {
         "load average at start {load_at_start}, at end {} (other work on this machine skews absolute figures; compare ratios)",
         load()
     );
-    if !sections.is_empty() {
-        println!(
-            "== summary (leader section {leader_secs:.0}s, bench total {:.0}s; relay = rows/s until all SUCCESS in the database; naive = select-one/POST/update-one loop on the same database over fewer rows; ceiling = POSTs alone at the same concurrency)",
-            bench_started.elapsed().as_secs_f64()
-        );
-    }
-    let mut ok = true;
-    for s in &sections {
-        if let Some(why) = &s.skipped {
-            println!("{:<9} skipped: {why}", s.db.name());
-            continue;
-        }
-        let relay = s.main.as_ref().map(|r| r.rows_per_sec);
-        let fmt_rate = |r: Option<f64>| r.map(|v| format!("{v:.0}")).unwrap_or("-".into());
-        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
-            _ => "-".into(),
-        };
-        let naive = s.naive.as_ref().map(|r| r.rows_per_sec);
-        let stmts = s
-            .main
-            .as_ref()
-            .map(|r| format!("{:.4}", r.statements_per_row()))
-            .unwrap_or("-".into());
-        let xacts = s
-            .main
-            .as_ref()
-            .and_then(|r| r.xacts_per_row())
-            .map(|x| format!("  xacts/row {x:.4}"))
-            .unwrap_or_default();
-        println!(
-            "{:<9} relay {} rows/s  naive {} rows/s  relay/naive {}  ceiling {} rows/s  relay/ceiling {}  statements/row {stmts}{xacts}",
-            s.db.name(),
-            fmt_rate(relay),
-            fmt_rate(naive),
-            ratio(relay, naive),
-            fmt_rate(s.ceiling),
-            ratio(relay, s.ceiling),
-        );
-        for v in &s.variations {
-            let xacts = v
-                .xacts_per_row()
-                .map(|x| format!("  xacts/row {x:.4}"))
-                .unwrap_or_default();
-            println!(
-                "{:<9}   {}: {:>6.0} rows/s  statements/row {:.4}{xacts}",
-                "",
-                relay_config(v),
-                v.rows_per_sec,
-                v.statements_per_row()
-            );
-        }
-        for r in s.main.iter().chain(&s.variations) {
-            if r.received != r.rows as u64 {
-                println!(
-                    "{:<9}   NOTE: receiver counted {} requests for {} rows ({})",
-                    "",
-                    r.received,
-                    r.rows,
-                    relay_config(r)
-                );
-            }
-        }
-        for e in &s.errors {
-            println!("{:<9}   ERROR {e}", s.db.name());
-            ok = false;
-        }
-    }
-    if !sections.is_empty() {
-        println!(
-            "* sink concurrency left at its default ({DEFAULT_SINK_CONCURRENCY}): the sends at once, with up to as many rows claimed ahead while relay slots are free; elsewhere it is set to max_in_flight."
-        );
-    }
-    if !claim_sections.is_empty() {
-        println!(
-            "== claim summary ({claim_secs:.0}s; rows/s until all SUCCESS; N inst = N claim-mode relays in this process, each with its own pool, sinks, instance id and receiver path; (x) = ratio to 1 inst in this run; shares = requests per instance a/b/c; ordering = rows with {ORDERING_KEYS} ordering keys round-robin vs unkeyed rows, same instance count)"
-        );
-        for s in &claim_sections {
-            ok &= print_claim_summary(s);
-        }
-        println!(
-            "note: the claim-mode instances share this machine's {cores} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give."
-        );
-    }
+    let ok = print_summary(&plan, &figures, bench_started);
     report::print_markdown(
-        &sections,
-        &claim_sections,
-        &latencies,
-        &memory,
-        &starts,
-        &idles,
-        cores,
+        &figures.sections,
+        &figures.claim_sections,
+        &figures.latencies,
+        &figures.memory,
+        &figures.starts,
+        &figures.idles,
+        plan.cores,
     );
-    if sections
+    if figures
+        .sections
         .iter()
         .any(|s| s.db == Db::Postgres && s.main.is_some())
     {
@@ -594,4 +412,286 @@ async fn bench() -> bool {
         );
     }
     ok
+}
+
+/// The machine's load average (1, 5 and 15 minutes).
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Starts the receiver the plan asks for (warming Node's first) and says what it is; `None`
+/// when it cannot start.
+async fn start_receiver(plan: &Plan) -> Option<(Receiver, Option<NodeReceiver>)> {
+    let started_receiver = if plan.node {
+        NodeReceiver::start().map(|(r, child)| (r, Some(child)))
+    } else {
+        Receiver::start().await.map(|r| (r, None))
+    };
+    let (receiver, node) = match started_receiver {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the loopback receiver: {e:#}");
+            return None;
+        }
+    };
+    let kind = if plan.node {
+        "Node's http server, its own process"
+    } else {
+        "in this process"
+    };
+    println!(
+        "outbox-relay throughput bench: receiver {} (204, no work; {kind}); {} worker threads; tracing and metrics recorder not installed",
+        receiver.url, plan.cores
+    );
+    if plan.node {
+        // Node compiles its request path as it goes, which makes the first database's
+        // ceiling low unless Node is warmed first (docs/performance-log.md).
+        let _ = references::ceiling_run(&receiver, NODE_WARM_UP, DEFAULT_SINK_CONCURRENCY).await;
+    }
+    if plan.node && (plan.section_on("claim") || plan.section_on("latency")) {
+        println!(
+            "note: the claim and latency sections need the in-process receiver; skipped with OUTBOX_RELAY_BENCH_RECEIVER=node"
+        );
+    }
+    Some((receiver, node))
+}
+
+/// The latency section: rows committed one by one at each of [`LATENCY_RATES`], and a few
+/// committed while a backlog as large as the main run's drains.
+async fn latency_section(
+    plan: &Plan,
+    receiver: &Receiver,
+) -> Vec<(Db, Vec<Latency>, Option<UnderBacklog>)> {
+    let mut latencies = Vec::new();
+    for &db in &plan.dbs {
+        let Ok(dir) = tempfile::tempdir() else {
+            continue;
+        };
+        let url = db.url(dir.path());
+        let mut runs = Vec::new();
+        for (rate, seconds) in LATENCY_RATES {
+            match latency_run(db, &url, receiver, rate, seconds).await {
+                Ok(l) => {
+                    println!(
+                        "  {:<8} latency   {rate:>5} rows/s, one per transaction, {} rows: p50 / p99 / max {} ms",
+                        db.name(),
+                        l.rows,
+                        l.cell()
+                    );
+                    runs.push(l);
+                }
+                Err(e) => {
+                    println!("  {:<8} latency   {rate} rows/s ERROR: {e:#}", db.name());
+                }
+            }
+        }
+        // A row committed while the relay drains a backlog as large as the main run's.
+        let backlog = plan.rows(db);
+        let under = match under_backlog_run(db, &url, receiver, backlog).await {
+            Ok(u) => {
+                println!(
+                    "  {:<8} latency   {} rows committed one by one while {backlog} rows drain: worst {} ahead of it; each (ms, backlog rows sent between its commit and its arrival): {}",
+                    db.name(),
+                    u.rows.len(),
+                    u.cell(),
+                    u.rows
+                        .iter()
+                        .map(|(d, n)| format!("{:.1}/{n}", d.as_secs_f64() * 1000.0))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+                Some(u)
+            }
+            Err(e) => {
+                println!("  {:<8} latency   under a backlog ERROR: {e:#}", db.name());
+                None
+            }
+        };
+        latencies.push((db, runs, under));
+    }
+    latencies
+}
+
+/// The memory section: the release binary as its own process, draining as many rows as the
+/// leader section's main run (its resident memory) and started on them (its first send).
+/// Its shares are taken against a ceiling measured around its two runs (see
+/// `ceiling_around`), not the leader section's, minutes earlier.
+async fn binary_section(plan: &Plan, receiver: &Receiver) -> (Vec<(Db, Rss)>, Vec<(Db, Start)>) {
+    let mut memory: Vec<(Db, Rss)> = Vec::new();
+    let mut starts: Vec<(Db, Start)> = Vec::new();
+    for &db in &plan.dbs {
+        let Ok(dir) = tempfile::tempdir() else {
+            continue;
+        };
+        let rows = plan.rows(db);
+        let mut errors = Vec::new();
+        let before = ceiling_logged(db, receiver, rows, "before the binary", &mut errors).await;
+        let mut rss = match rss_run(db, &db.url(dir.path()), receiver, rows).await {
+            Ok(r) => {
+                println!(
+                    "  {:<8} memory    the relay binary, defaults: idle {:.1} MiB resident, peak {:.1} MiB draining {rows} rows ({:.0} rows/s)",
+                    db.name(),
+                    r.idle_kib as f64 / 1024.0,
+                    r.peak_kib as f64 / 1024.0,
+                    r.rows_per_sec
+                );
+                Some(r)
+            }
+            Err(e) => {
+                println!("  {:<8} memory    ERROR: {e:#}", db.name());
+                None
+            }
+        };
+        let mut start = match start_run(db, &db.url(dir.path()), receiver, rows).await {
+            Ok(r) => {
+                println!(
+                    "  {:<8} start     the relay binary, defaults (database lease), started on {rows} waiting rows: first send after {:.0} ms, {:.0} rows/s from the start",
+                    db.name(),
+                    r.first_send.as_secs_f64() * 1000.0,
+                    r.rows_per_sec
+                );
+                Some(r)
+            }
+            Err(e) => {
+                println!("  {:<8} start     ERROR: {e:#}", db.name());
+                None
+            }
+        };
+        let after = ceiling_logged(db, receiver, rows, "after the binary", &mut errors).await;
+        for e in errors {
+            println!("  {:<8} {e}", db.name());
+        }
+        let ceiling = ceiling_around((before, after));
+        if let Some(r) = rss.as_mut() {
+            r.ceiling = ceiling;
+        }
+        if let Some(r) = start.as_mut() {
+            r.ceiling = ceiling;
+        }
+        memory.extend(rss.map(|r| (db, r)));
+        starts.extend(start.map(|r| (db, r)));
+    }
+    (memory, starts)
+}
+
+/// The idle section: the release binary on an empty table, statements per second at the
+/// server.
+async fn idle_section(plan: &Plan, receiver: &Receiver) -> Vec<(Db, f64)> {
+    let mut idles: Vec<(Db, f64)> = Vec::new();
+    for &db in &plan.dbs {
+        let Ok(dir) = tempfile::tempdir() else {
+            continue;
+        };
+        match idle_run(db, &db.url(dir.path()), receiver).await {
+            Ok(Some(per_sec)) => {
+                println!(
+                    "  {:<8} idle      the relay binary, defaults (database lease), nothing to do: {per_sec:.1} statements/s as the server counts them",
+                    db.name()
+                );
+                idles.push((db, per_sec));
+            }
+            Ok(None) => {}
+            Err(e) => println!("  {:<8} idle      ERROR: {e:#}", db.name()),
+        }
+    }
+    idles
+}
+
+/// The plain-text summaries of the leader and claim sections; `false` when a run failed.
+fn print_summary(plan: &Plan, figures: &Figures, bench_started: Instant) -> bool {
+    let sections = &figures.sections;
+    if !sections.is_empty() {
+        println!(
+            "== summary (leader section {:.0}s, bench total {:.0}s; relay = rows/s until all SUCCESS in the database; naive = select-one/POST/update-one loop on the same database over fewer rows; ceiling = POSTs alone at the same concurrency)",
+            figures.leader_secs,
+            bench_started.elapsed().as_secs_f64()
+        );
+    }
+    let mut ok = true;
+    for s in sections {
+        ok &= print_section_summary(s);
+    }
+    if !sections.is_empty() {
+        println!(
+            "* sink concurrency left at its default ({DEFAULT_SINK_CONCURRENCY}): the sends at once, with up to as many rows claimed ahead while relay slots are free; elsewhere it is set to max_in_flight."
+        );
+    }
+    if !figures.claim_sections.is_empty() {
+        println!(
+            "== claim summary ({:.0}s; rows/s until all SUCCESS; N inst = N claim-mode relays in this process, each with its own pool, sinks, instance id and receiver path; (x) = ratio to 1 inst in this run; shares = requests per instance a/b/c; ordering = rows with {ORDERING_KEYS} ordering keys round-robin vs unkeyed rows, same instance count)",
+            figures.claim_secs
+        );
+        for s in &figures.claim_sections {
+            ok &= print_claim_summary(s);
+        }
+        println!(
+            "note: the claim-mode instances share this machine's {} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give.",
+            plan.cores
+        );
+    }
+    ok
+}
+
+/// One database's leader-section summary; `false` when a run failed.
+fn print_section_summary(s: &Section) -> bool {
+    if let Some(why) = &s.skipped {
+        println!("{:<9} skipped: {why}", s.db.name());
+        return true;
+    }
+    let relay = s.main.as_ref().map(|r| r.rows_per_sec);
+    let fmt_rate = |r: Option<f64>| r.map(|v| format!("{v:.0}")).unwrap_or("-".into());
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
+        _ => "-".into(),
+    };
+    let naive = s.naive.as_ref().map(|r| r.rows_per_sec);
+    let stmts = s
+        .main
+        .as_ref()
+        .map(|r| format!("{:.4}", r.statements_per_row()))
+        .unwrap_or("-".into());
+    println!(
+        "{:<9} relay {} rows/s  naive {} rows/s  relay/naive {}  ceiling {} rows/s  relay/ceiling {}  statements/row {stmts}{}",
+        s.db.name(),
+        fmt_rate(relay),
+        fmt_rate(naive),
+        ratio(relay, naive),
+        fmt_rate(s.ceiling),
+        ratio(relay, s.ceiling),
+        xacts_per_row(s.main.as_ref()),
+    );
+    for v in &s.variations {
+        println!(
+            "{:<9}   {}: {:>6.0} rows/s  statements/row {:.4}{}",
+            "",
+            relay_config(v),
+            v.rows_per_sec,
+            v.statements_per_row(),
+            xacts_per_row(Some(v)),
+        );
+    }
+    for r in s.main.iter().chain(&s.variations) {
+        if r.received != r.rows as u64 {
+            println!(
+                "{:<9}   NOTE: receiver counted {} requests for {} rows ({})",
+                "",
+                r.received,
+                r.rows,
+                relay_config(r)
+            );
+        }
+    }
+    for e in &s.errors {
+        println!("{:<9}   ERROR {e}", s.db.name());
+    }
+    s.errors.is_empty()
+}
+
+/// `  xacts/row N` for a run that has the figure (PostgreSQL), else nothing.
+fn xacts_per_row(r: Option<&RelayRun>) -> String {
+    r.and_then(|r| r.xacts_per_row())
+        .map(|x| format!("  xacts/row {x:.4}"))
+        .unwrap_or_default()
 }

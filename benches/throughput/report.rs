@@ -41,116 +41,118 @@ pub(crate) fn print_markdown(
         "| database | receiver ceiling (req/s): before / after the main run; around the binary's runs | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | a row committed under a backlog: worst wait, backlog rows sent first | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for s in sections {
-        if s.skipped.is_some() {
-            continue;
-        }
-        let lat = |rate: u32| {
-            latencies
-                .iter()
-                .find(|(db, ..)| *db == s.db)
-                .and_then(|(_, runs, _)| runs.iter().find(|l| l.rate == rate))
-                .map_or("-".to_string(), |l| l.cell())
-        };
-        let under_backlog = latencies
-            .iter()
-            .find(|(db, ..)| *db == s.db)
-            .and_then(|(.., u)| u.as_ref())
-            .map_or("-".to_string(), |u| u.cell());
-        let (rate, share, stmts, cpu) = match &s.main {
-            Some(r) => (
-                format!("{:.0}", r.rows_per_sec),
-                s.ceiling.filter(|c| *c > 0.0).map_or("-".into(), |c| {
-                    format!("{:.0}%", r.rows_per_sec / c * 100.0)
-                }),
-                format!("{:.3}", r.statements_per_row()),
-                cpu_per_row(r.cpu, r.rows_per_sec, cores),
-            ),
-            None => ("-".into(), "-".into(), "-".into(), "-".into()),
-        };
-        let of_ceiling = |rows_per_sec: f64, ceiling: Option<f64>| match ceiling
-            .or(s.ceiling)
-            .filter(|c| *c > 0.0)
-        {
-            Some(c) => format!("{rows_per_sec:.0} ({:.0}%)", rows_per_sec / c * 100.0),
-            None => format!("{rows_per_sec:.0}"),
-        };
-        let fmt_ceiling = |c: Option<f64>| c.map_or("-".to_string(), |c| format!("{c:.0}"));
-        let binary_ceiling = memory
-            .iter()
-            .find(|(db, _)| *db == s.db)
-            .and_then(|(_, r)| r.ceiling);
-        let ceilings = format!(
-            "{} / {}; {}",
-            fmt_ceiling(s.ceilings.0),
-            fmt_ceiling(s.ceilings.1),
-            fmt_ceiling(binary_ceiling)
-        );
-        println!(
-            "| {} | {ceilings} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {under_backlog} | {} | {} | {} | {} |",
-            s.db.name(),
-            lat(100),
-            lat(1000),
-            memory
-                .iter()
-                .find(|(db, _)| *db == s.db)
-                .map_or("-".into(), |(_, r)| of_ceiling(r.rows_per_sec, r.ceiling)),
-            starts
-                .iter()
-                .find(|(db, _)| *db == s.db)
-                .map_or("-".into(), |(_, r)| format!(
-                    "{:.0}, {}",
-                    r.first_send.as_secs_f64() * 1000.0,
-                    of_ceiling(r.rows_per_sec, r.ceiling)
-                )),
-            memory
-                .iter()
-                .find(|(db, _)| *db == s.db)
-                .map_or("-".into(), |(_, r)| format!(
-                    "{:.1} / {:.1}",
-                    r.idle_kib as f64 / 1024.0,
-                    r.peak_kib as f64 / 1024.0
-                )),
-            idles
-                .iter()
-                .find(|(db, _)| *db == s.db)
-                .map_or("-".into(), |(_, n)| format!("{n:.1}")),
-        );
+    for s in sections.iter().filter(|s| s.skipped.is_none()) {
+        print_leader_line(s, latencies, memory, starts, idles, cores);
     }
     if !claims.is_empty() {
-        println!();
-        println!(
-            "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 | receiver answering after 20 ms: 1 instance | 3 instances | 3 / 1 |"
-        );
-        println!("|---|---|---|---|---|---|---|---|");
-        for c in claims {
-            let at = |n: usize| c.unkeyed(n).map(|r| r.rows_per_sec);
-            let cell = |n: usize| at(n).map_or("-".into(), |v| format!("{v:.0}"));
-            let ratio = match (at(3), at(1)) {
-                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
-                _ => "-".into(),
-            };
-            let slow = |n: usize| {
-                c.slow
-                    .iter()
-                    .find(|r| r.instances == n)
-                    .map(|r| r.rows_per_sec)
-            };
-            let slow_ratio = match (slow(3), slow(1)) {
-                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
-                _ => "-".into(),
-            };
-            let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
-            println!(
-                "| {} | {} | {} | {} | {ratio} | {} | {} | {slow_ratio} |",
-                c.db.name(),
-                cell(1),
-                cell(2),
-                cell(3),
-                fmt(slow(1)),
-                fmt(slow(3)),
-            );
-        }
+        print_claim_table(claims);
     }
     println!();
+}
+
+/// One database's line of the leader table.
+fn print_leader_line(
+    s: &Section,
+    latencies: &[(Db, Vec<Latency>, Option<UnderBacklog>)],
+    memory: &[(Db, Rss)],
+    starts: &[(Db, Start)],
+    idles: &[(Db, f64)],
+    cores: usize,
+) {
+    let latency = latencies.iter().find(|(db, ..)| *db == s.db);
+    let lat = |rate: u32| {
+        latency
+            .and_then(|(_, runs, _)| runs.iter().find(|l| l.rate == rate))
+            .map_or("-".to_string(), |l| l.cell())
+    };
+    let under_backlog = latency
+        .and_then(|(.., u)| u.as_ref())
+        .map_or("-".to_string(), |u| u.cell());
+    let (rate, share, stmts, cpu) = match &s.main {
+        Some(r) => (
+            format!("{:.0}", r.rows_per_sec),
+            s.ceiling.filter(|c| *c > 0.0).map_or("-".into(), |c| {
+                format!("{:.0}%", r.rows_per_sec / c * 100.0)
+            }),
+            format!("{:.3}", r.statements_per_row()),
+            cpu_per_row(r.cpu, r.rows_per_sec, cores),
+        ),
+        None => ("-".into(), "-".into(), "-".into(), "-".into()),
+    };
+    let of_ceiling = |rows_per_sec: f64, ceiling: Option<f64>| match ceiling
+        .or(s.ceiling)
+        .filter(|c| *c > 0.0)
+    {
+        Some(c) => format!("{rows_per_sec:.0} ({:.0}%)", rows_per_sec / c * 100.0),
+        None => format!("{rows_per_sec:.0}"),
+    };
+    let fmt_ceiling = |c: Option<f64>| c.map_or("-".to_string(), |c| format!("{c:.0}"));
+    let rss = memory.iter().find(|(db, _)| *db == s.db).map(|(_, r)| r);
+    let ceilings = format!(
+        "{} / {}; {}",
+        fmt_ceiling(s.ceilings.0),
+        fmt_ceiling(s.ceilings.1),
+        fmt_ceiling(rss.and_then(|r| r.ceiling))
+    );
+    println!(
+        "| {} | {ceilings} | {rate} | {share} | {stmts} | {cpu} | {} | {} | {under_backlog} | {} | {} | {} | {} |",
+        s.db.name(),
+        lat(100),
+        lat(1000),
+        rss.map_or("-".into(), |r| of_ceiling(r.rows_per_sec, r.ceiling)),
+        starts
+            .iter()
+            .find(|(db, _)| *db == s.db)
+            .map_or("-".into(), |(_, r)| format!(
+                "{:.0}, {}",
+                r.first_send.as_secs_f64() * 1000.0,
+                of_ceiling(r.rows_per_sec, r.ceiling)
+            )),
+        rss.map_or("-".into(), |r| format!(
+            "{:.1} / {:.1}",
+            r.idle_kib as f64 / 1024.0,
+            r.peak_kib as f64 / 1024.0
+        )),
+        idles
+            .iter()
+            .find(|(db, _)| *db == s.db)
+            .map_or("-".into(), |(_, n)| format!("{n:.1}")),
+    );
+}
+
+/// The claim-mode table: rows/s by instances, unkeyed and against a slow receiver.
+fn print_claim_table(claims: &[ClaimSection]) {
+    println!();
+    println!(
+        "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 | receiver answering after 20 ms: 1 instance | 3 instances | 3 / 1 |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for c in claims {
+        let at = |n: usize| c.unkeyed(n).map(|r| r.rows_per_sec);
+        let cell = |n: usize| at(n).map_or("-".into(), |v| format!("{v:.0}"));
+        let ratio = match (at(3), at(1)) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "-".into(),
+        };
+        let slow = |n: usize| {
+            c.slow
+                .iter()
+                .find(|r| r.instances == n)
+                .map(|r| r.rows_per_sec)
+        };
+        let slow_ratio = match (slow(3), slow(1)) {
+            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+            _ => "-".into(),
+        };
+        let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        println!(
+            "| {} | {} | {} | {} | {ratio} | {} | {} | {slow_ratio} |",
+            c.db.name(),
+            cell(1),
+            cell(2),
+            cell(3),
+            fmt(slow(1)),
+            fmt(slow(3)),
+        );
+    }
 }

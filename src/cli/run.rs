@@ -6,26 +6,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, OnceCell};
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use super::CliError;
-use crate::config::{LeaseBackend, Mode, Settings};
+use crate::config::Settings;
 use crate::console;
 use crate::housekeeping;
-use crate::lease::{
-    DatabaseLease, GetLockLease, Keeper, Lease, RedisLease, RedissonLease, RedlockLease,
-    ShedLockLease,
-};
-use crate::relay::Relay;
+use crate::lease::Lease;
+use crate::relay;
 use crate::sink::SinkRegistry;
-use crate::store::{self, Dialect, ShedLockTable, SqlStore};
+use crate::store::{self, SqlStore};
 use crate::telemetry::{self, Health};
 
 pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     telemetry::init_logging(&settings.log);
     let prom = telemetry::install_metrics()?;
-    let health = Arc::new(Health::default());
     let shutdown = CancellationToken::new();
     crate::shutdown::on_signals(shutdown.clone());
     // Sinks first: a sink that cannot be built is a configuration problem, reported before
@@ -33,122 +30,97 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
     let sinks = Arc::new(
         SinkRegistry::build(&settings).map_err(|e| CliError::Usage(format!("sinks: {e}")))?,
     );
-
-    let store_cell: Arc<OnceCell<Arc<SqlStore>>> = Arc::new(OnceCell::new());
-    let lease_cell: Arc<OnceCell<Arc<dyn Lease>>> = Arc::new(OnceCell::new());
-    let http_stop = CancellationToken::new();
-    if !settings.http.listen.is_empty() {
-        let addr = telemetry::serve(
-            &settings.http.listen,
-            prom.clone(),
-            health.clone(),
-            store_cell.clone(),
-            lease_cell.clone(),
-            http_stop.clone(),
-        )
-        .await?;
-        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
-    }
-
+    let http = Endpoints::serve(&settings, prom.clone()).await?;
     let Some(store) = connect(&settings, &shutdown).await? else {
-        http_stop.cancel();
+        http.stop.cancel();
         return Ok(());
     };
-    let _ = store_cell.set(store.clone());
-    health.set_database(true);
+    http.connected(&store);
+    serve_console(&settings, &store, &sinks, prom, &http.stop).await?;
 
-    // The console starts once the database is connected (every page reads it) and stops with
-    // the HTTP server, after the relay has drained.
+    let (relay, keeper) = relay::assemble(
+        &settings,
+        &store,
+        sinks,
+        http.health.clone(),
+        shutdown.clone(),
+    )
+    .map_err(|e| CliError::Usage(e.to_string()))?;
+    if let Some(k) = &keeper {
+        let _ = http.lease.set(k.lease());
+    }
+    start_housekeeping(&settings, &store, &shutdown);
+    relay.run_then_release(keeper).await;
+    http.stop.cancel();
+    Ok(())
+}
+
+/// `/metrics`, `/healthz` and `/readyz`, served from the first moment (when `http.listen` is
+/// set): `/healthz` answers at once; `/readyz` is false until the database is connected, and
+/// then pings it (and the lease backend, once there is one).
+struct Endpoints {
+    health: Arc<Health>,
+    store: Arc<OnceCell<Arc<SqlStore>>>,
+    lease: Arc<OnceCell<Arc<dyn Lease>>>,
+    /// Stops the HTTP server and the console, after the relay has drained.
+    stop: CancellationToken,
+}
+
+impl Endpoints {
+    async fn serve(settings: &Settings, prom: PrometheusHandle) -> Result<Endpoints, CliError> {
+        let http = Endpoints {
+            health: Arc::new(Health::default()),
+            store: Arc::new(OnceCell::new()),
+            lease: Arc::new(OnceCell::new()),
+            stop: CancellationToken::new(),
+        };
+        if !settings.http.listen.is_empty() {
+            let addr = telemetry::serve(
+                &settings.http.listen,
+                prom,
+                http.health.clone(),
+                http.store.clone(),
+                http.lease.clone(),
+                http.stop.clone(),
+            )
+            .await?;
+            tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+        }
+        Ok(http)
+    }
+
+    /// The database is connected: `/readyz` checks it from now on.
+    fn connected(&self, store: &Arc<SqlStore>) {
+        let _ = self.store.set(store.clone());
+        self.health.set_database(true);
+    }
+}
+
+/// The console, if configured: it starts once the database is connected (every page reads
+/// it) and stops with the HTTP server, after the relay has drained.
+async fn serve_console(
+    settings: &Settings,
+    store: &Arc<SqlStore>,
+    sinks: &Arc<SinkRegistry>,
+    prom: PrometheusHandle,
+    stop: &CancellationToken,
+) -> Result<(), CliError> {
     if settings.console.is_some() {
         let addr = console::serve(
-            &settings,
+            settings,
             store.clone(),
             sinks.clone(),
             Some(prom),
-            http_stop.clone(),
+            stop.clone(),
         )
         .await?;
         tracing::info!(%addr, "serving the console");
     }
+    Ok(())
+}
 
-    let wake = Arc::new(Notify::new());
-    let arrivals = store::Arrivals::new(wake.clone());
-    // A mapped table has the NOTIFY trigger only if `table.notify_trigger` installed it.
-    if store.dialect() == Dialect::Postgres && settings.database.listen && store.columns().notify {
-        tokio::spawn(store::listen(
-            settings.database.url.expose().to_string(),
-            settings.database.table.clone(),
-            arrivals.clone(),
-            shutdown.clone(),
-        ));
-    } else {
-        // No NOTIFY: notice new rows by the table's newest id (a cheap probe, 20 per second).
-        tokio::spawn(store::watch_new_rows(
-            store.clone(),
-            arrivals.clone(),
-            shutdown.clone(),
-        ));
-    }
-
-    let l = &settings.lease;
-    let lease: Option<Arc<dyn Lease>> = match (settings.relay.mode, l.backend) {
-        (Mode::Leader, LeaseBackend::Database) => Some(Arc::new(DatabaseLease::new(
-            store.clone(),
-            &l.name,
-            &settings.relay.instance_id,
-            l.ttl,
-        ))),
-        (Mode::Leader, LeaseBackend::Redis | LeaseBackend::Redisson) => {
-            let url = l.redis_url.as_ref().map(|u| u.expose()).unwrap_or_default();
-            let id = &settings.relay.instance_id;
-            let usage = |e: anyhow::Error| CliError::Usage(e.to_string());
-            let lease: Arc<dyn Lease> = if l.backend == LeaseBackend::Redis {
-                Arc::new(
-                    RedisLease::connect(url, &l.name, id, l.ttl, l.renew_timeout).map_err(usage)?,
-                )
-            } else {
-                Arc::new(
-                    RedissonLease::connect(url, &l.name, id, l.ttl, l.renew_timeout)
-                        .map_err(usage)?,
-                )
-            };
-            Some(lease)
-        }
-        (Mode::Leader, LeaseBackend::Shedlock) => Some(Arc::new(ShedLockLease::new(
-            store.clone(),
-            ShedLockTable::new(
-                &l.shedlock_table,
-                l.shedlock_utc_offset_minutes().unwrap_or_default(),
-            ),
-            &l.name,
-            &settings.relay.instance_id,
-            l.ttl,
-        ))),
-        (Mode::Leader, LeaseBackend::MysqlGetLock) => Some(Arc::new(GetLockLease::new(
-            store.clone(),
-            &l.name,
-            &settings.relay.instance_id,
-            l.ttl,
-        ))),
-        (Mode::Leader, LeaseBackend::Redlock) => {
-            let urls: Vec<&str> = l.redlock_urls.iter().map(|u| u.expose()).collect();
-            let lease = RedlockLease::connect(
-                &urls,
-                &l.name,
-                &settings.relay.instance_id,
-                l.ttl,
-                l.renew_timeout,
-            )
-            .map_err(|e| CliError::Usage(e.to_string()))?;
-            Some(Arc::new(lease))
-        }
-        _ => None,
-    };
-    if let Some(lease) = &lease {
-        let _ = lease_cell.set(lease.clone());
-    }
-    let keeper = lease.map(|lease| Keeper::start(lease, store.clone(), l.renew_timeout));
-
+/// The table sample behind the gauges, and the retention of finished rows.
+fn start_housekeeping(settings: &Settings, store: &Arc<SqlStore>, shutdown: &CancellationToken) {
     tokio::spawn(housekeeping::sample_loop(store.clone(), shutdown.clone()));
     tokio::spawn(housekeeping::retention_loop(
         store.clone(),
@@ -157,34 +129,6 @@ pub(super) async fn run(settings: Settings) -> Result<(), CliError> {
         settings.relay.instance_id.clone(),
         shutdown.clone(),
     ));
-
-    let relay = Relay {
-        // Claims and result writes run on the database thread (see `store::OnDbThread`).
-        store: Arc::new(store::OnDbThread(store.clone())),
-        sinks,
-        settings: settings.relay.clone(),
-        lease: keeper
-            .as_ref()
-            .map(|k| (settings.lease.name.clone(), k.state())),
-        wake,
-        arrivals,
-        health,
-        shutdown,
-    };
-    let release_budget = settings.relay.shutdown_timeout / 10;
-    relay.run().await;
-    if let Some(k) = keeper {
-        // Bounded: a lease backend that does not answer must not keep the process past
-        // shutdown_timeout (the lease then simply expires after its ttl).
-        if tokio::time::timeout(release_budget, k.release())
-            .await
-            .is_err()
-        {
-            tracing::warn!("releasing the lease timed out; it will expire after its ttl");
-        }
-    }
-    http_stop.cancel();
-    Ok(())
 }
 
 /// Connects (and migrates, if configured), retrying with backoff until it works or a signal

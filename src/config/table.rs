@@ -165,6 +165,15 @@ impl TableSettings {
         if !self.is_mapped() {
             return Ok(());
         }
+        self.validate_columns()?;
+        self.validate_channel()?;
+        self.validate_payload()?;
+        self.validate_statuses()
+    }
+
+    /// `table.columns.*`: plain identifiers, none of the relay's bookkeeping columns, and
+    /// `id` and `status` set.
+    fn validate_columns(&self) -> Result<(), ConfigError> {
         let c = &self.columns;
         let named = [
             ("id", &c.id),
@@ -205,52 +214,58 @@ impl TableSettings {
                 ));
             }
         }
-        match (&c.channel, &self.channel_value) {
-            (None, None) => {
-                return Err(ConfigError::new(
-                    "table.columns.channel",
-                    "a mapped table needs table.columns.channel (a column naming each row's \
-                     sink) or table.channel_value (one sink for every row)",
-                ));
-            }
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "table.channel_value",
-                    "set either table.channel_value or table.columns.channel, not both",
-                ));
-            }
-            (None, Some(v)) => {
+        Ok(())
+    }
+
+    /// `table.columns.channel` or `table.channel_value` (a sink name), one of them.
+    fn validate_channel(&self) -> Result<(), ConfigError> {
+        match (&self.columns.channel, &self.channel_value) {
+            (None, None) => Err(ConfigError::new(
+                "table.columns.channel",
+                "a mapped table needs table.columns.channel (a column naming each row's \
+                 sink) or table.channel_value (one sink for every row)",
+            )),
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "table.channel_value",
+                "set either table.channel_value or table.columns.channel, not both",
+            )),
+            (None, Some(v))
                 if v.is_empty()
                     || v.len() > 100
                     || !v
                         .chars()
-                        .all(|ch| ch.is_ascii_alphanumeric() || "_-.".contains(ch))
-                {
-                    return Err(ConfigError::new(
-                        "table.channel_value",
-                        format!("\"{v}\" is not a sink name (letters, digits, _ - .; at most 100)"),
-                    ));
-                }
+                        .all(|ch| ch.is_ascii_alphanumeric() || "_-.".contains(ch)) =>
+            {
+                Err(ConfigError::new(
+                    "table.channel_value",
+                    format!("\"{v}\" is not a sink name (letters, digits, _ - .; at most 100)"),
+                ))
             }
-            (Some(_), None) => {}
+            _ => Ok(()),
         }
-        match (&c.payload, &self.payload_object) {
-            (None, None) => {
-                return Err(ConfigError::new(
-                    "table.columns.payload",
-                    "a mapped table needs table.columns.payload (one column holding the \
-                     payload) or table.payload_object (an object built from columns)",
-                ));
-            }
-            (Some(_), Some(_)) => {
-                return Err(ConfigError::new(
-                    "table.payload_object",
-                    "set either table.payload_object or table.columns.payload, not both",
-                ));
-            }
-            (None, Some(obj)) => payload_object("table.payload_object", obj)?,
-            (Some(_), None) => {}
+    }
+
+    /// `table.columns.payload` or `table.payload_object`, one of them.
+    fn validate_payload(&self) -> Result<(), ConfigError> {
+        match (&self.columns.payload, &self.payload_object) {
+            (None, None) => Err(ConfigError::new(
+                "table.columns.payload",
+                "a mapped table needs table.columns.payload (one column holding the \
+                 payload) or table.payload_object (an object built from columns)",
+            )),
+            (Some(_), Some(_)) => Err(ConfigError::new(
+                "table.payload_object",
+                "set either table.payload_object or table.columns.payload, not both",
+            )),
+            (None, Some(obj)) => payload_object("table.payload_object", obj),
+            (Some(_), None) => Ok(()),
         }
+    }
+
+    /// `table.status.*`: `pending`, `success` and `failed` set, `retry` optional; each value
+    /// usable as a literal, no value in two states (but `retry` may reuse `pending`'s), and
+    /// all integers or all strings.
+    fn validate_statuses(&self) -> Result<(), ConfigError> {
         let s = &self.status;
         let mut seen: Vec<(String, Code)> = Vec::new();
         for (key, codes, required) in [
@@ -274,28 +289,7 @@ impl TableSettings {
                 return Err(ConfigError::new(key, "must list at least one value"));
             }
             for code in codes {
-                if let Code::Text(t) = &code
-                    && !literal_safe(t)
-                {
-                    return Err(ConfigError::new(
-                        key,
-                        format!(
-                            "\"{t}\" is not a usable status value (1 to 200 characters, no \
-                             backslash or control character)"
-                        ),
-                    ));
-                }
-                if let Some((other, _)) = seen.iter().find(|(k, c)| *c == code && *k != key) {
-                    // A retried row may go back to the pending value (tables without a
-                    // RETRY state); every other overlap would make a finished row unfinished.
-                    let pending_retry = key.ends_with("retry") && other.ends_with("pending");
-                    if !pending_retry {
-                        return Err(ConfigError::new(
-                            key,
-                            format!("value {code} is also {other}"),
-                        ));
-                    }
-                }
+                status_code(&key, &code, &seen)?;
                 seen.push((key.clone(), code));
             }
         }
@@ -311,6 +305,33 @@ impl TableSettings {
         }
         Ok(())
     }
+}
+
+/// One value of the status `key`: usable as a literal, and not a value of another state in
+/// `seen` (a retried row may go back to the pending value, for tables without a RETRY state;
+/// every other overlap would make a finished row unfinished).
+fn status_code(key: &str, code: &Code, seen: &[(String, Code)]) -> Result<(), ConfigError> {
+    if let Code::Text(t) = code
+        && !literal_safe(t)
+    {
+        return Err(ConfigError::new(
+            key,
+            format!(
+                "\"{t}\" is not a usable status value (1 to 200 characters, no \
+                 backslash or control character)"
+            ),
+        ));
+    }
+    if let Some((other, _)) = seen.iter().find(|(k, c)| c == code && k != key) {
+        let pending_retry = key.ends_with("retry") && other.ends_with("pending");
+        if !pending_retry {
+            return Err(ConfigError::new(
+                key,
+                format!("value {code} is also {other}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The relay's bookkeeping columns: `migrate --adopt` adds them, so a mapped column must not

@@ -4,13 +4,47 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::duration::format;
-use super::{CONSOLE_TOKEN_MIN, ConfigError, LeaseBackend, RetrySettings, Secret, Settings};
+use super::{
+    CONSOLE_TOKEN_MIN, ConfigError, DatabaseSettings, LeaseBackend, LeaseSettings, RetrySettings,
+    Secret, Settings,
+};
 
 /// The least time a claim must outlive the longest sink timeout: covers the claim round trip,
 /// the result write and clock drift between the relay and the database.
 pub const CLAIM_MARGIN: Duration = Duration::from_secs(5);
 
 pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
+    validate_relay(s)?;
+    let scheme = validate_database(&s.database)?;
+    s.table.validate()?;
+    validate_lease(&s.lease, scheme)?;
+    validate_retry("retry", &s.retry)?;
+    for (name, spec) in &s.sinks {
+        validate_retry(
+            &format!("sinks.{name}"),
+            &spec.common.retry_policy(&s.retry),
+        )?;
+    }
+    validate_http(s)?;
+    if let Some(c) = &s.console {
+        // With or without [table]: the console reads and writes through the mapping.
+        validate_console(c, &s.http.listen)?;
+    }
+    if tracing_subscriber::EnvFilter::try_new(&s.log.level).is_err() {
+        return Err(ConfigError::new(
+            "log.level",
+            format!(
+                "\"{}\" is not a level or filter (e.g. info, debug)",
+                s.log.level
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `[relay]`: `instance_id`, `batch_size`, `max_in_flight`, `poll_interval`, and `claim_ttl`
+/// against the longest sink timeout.
+fn validate_relay(s: &Settings) -> Result<(), ConfigError> {
     let r = &s.relay;
     if r.instance_id.trim().is_empty() {
         return Err(ConfigError::new("relay.instance_id", "must not be empty"));
@@ -50,8 +84,11 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
             ));
         }
     }
+    Ok(())
+}
 
-    let db = &s.database;
+/// `[database]`: `url` (returning its scheme), `table`, `max_connections`.
+fn validate_database(db: &DatabaseSettings) -> Result<&str, ConfigError> {
     let url = db.url.expose();
     let scheme = url.split("://").next().unwrap_or("");
     if !url.contains("://")
@@ -77,10 +114,12 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
             "must be at least 1",
         ));
     }
+    Ok(scheme)
+}
 
-    s.table.validate()?;
-
-    let l = &s.lease;
+/// `[lease]`: `name`, `ttl` against `renew_timeout`, then what the backend needs (the
+/// database's `scheme` for `mysql-get-lock`).
+fn validate_lease(l: &LeaseSettings, scheme: &str) -> Result<(), ConfigError> {
     if l.name.is_empty() || l.name.len() > 200 {
         return Err(ConfigError::new(
             "lease.name",
@@ -102,51 +141,9 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
         ));
     }
     match l.backend {
-        LeaseBackend::Redis | LeaseBackend::Redisson => match &l.redis_url {
-            None => {
-                return Err(ConfigError::new(
-                    "lease.redis_url",
-                    "is required with lease.backend = \"redis\" or \"redisson\" (redis://[user:pw@]host:6379 or rediss://)",
-                ));
-            }
-            Some(url)
-                if !(url.expose().starts_with("redis://")
-                    || url.expose().starts_with("rediss://")) =>
-            {
-                return Err(ConfigError::new(
-                    "lease.redis_url",
-                    "must start with redis:// or rediss:// (TLS)",
-                ));
-            }
-            Some(_) => {}
-        },
-        LeaseBackend::Redlock => validate_redlock_urls(&l.redlock_urls)?,
-        LeaseBackend::Shedlock => {
-            validate_java_lock_name("shedlock", &l.name)?;
-            if l.shedlock_utc_offset_minutes().is_none() {
-                return Err(ConfigError::new(
-                    "lease.shedlock_time_zone",
-                    format!(
-                        "\"{}\" is not UTC or a fixed offset like +09:00: the zone of the times \
-                         the Java side writes (UTC with ShedLock's usingDbTime(), else its JVM's \
-                         zone)",
-                        l.shedlock_time_zone
-                    ),
-                ));
-            }
-            if !l.shedlock_table.split('.').all(is_identifier)
-                || l.shedlock_table.split('.').count() > 2
-            {
-                return Err(ConfigError::new(
-                    "lease.shedlock_table",
-                    format!(
-                        "\"{}\" is not a plain SQL identifier (letters, digits, _; optionally \
-                         schema.table)",
-                        l.shedlock_table
-                    ),
-                ));
-            }
-        }
+        LeaseBackend::Redis | LeaseBackend::Redisson => validate_redis_url(l.redis_url.as_ref()),
+        LeaseBackend::Redlock => validate_redlock_urls(&l.redlock_urls),
+        LeaseBackend::Shedlock => validate_shedlock(l),
         LeaseBackend::MysqlGetLock => {
             if !["mysql", "mariadb"].contains(&scheme) {
                 return Err(ConfigError::new(
@@ -158,38 +155,68 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
                     ),
                 ));
             }
-            validate_java_lock_name("mysql-get-lock", &l.name)?;
+            validate_java_lock_name("mysql-get-lock", &l.name)
         }
-        LeaseBackend::Database | LeaseBackend::None => {}
+        LeaseBackend::Database | LeaseBackend::None => Ok(()),
     }
+}
 
-    validate_retry("retry", &s.retry)?;
-    for (name, spec) in &s.sinks {
-        validate_retry(
-            &format!("sinks.{name}"),
-            &spec.common.retry_policy(&s.retry),
-        )?;
+/// `lease.redis_url`, for the `redis` and `redisson` backends: required, `redis://` or
+/// `rediss://`.
+fn validate_redis_url(url: Option<&Secret>) -> Result<(), ConfigError> {
+    match url {
+        None => Err(ConfigError::new(
+            "lease.redis_url",
+            "is required with lease.backend = \"redis\" or \"redisson\" (redis://[user:pw@]host:6379 or rediss://)",
+        )),
+        Some(url)
+            if !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://")) =>
+        {
+            Err(ConfigError::new(
+                "lease.redis_url",
+                "must start with redis:// or rediss:// (TLS)",
+            ))
+        }
+        Some(_) => Ok(()),
     }
+}
 
+/// The `shedlock` backend: `lease.name` as ShedLock stores it, `lease.shedlock_time_zone`,
+/// `lease.shedlock_table`.
+fn validate_shedlock(l: &LeaseSettings) -> Result<(), ConfigError> {
+    validate_java_lock_name("shedlock", &l.name)?;
+    if l.shedlock_utc_offset_minutes().is_none() {
+        return Err(ConfigError::new(
+            "lease.shedlock_time_zone",
+            format!(
+                "\"{}\" is not UTC or a fixed offset like +09:00: the zone of the times \
+                 the Java side writes (UTC with ShedLock's usingDbTime(), else its JVM's \
+                 zone)",
+                l.shedlock_time_zone
+            ),
+        ));
+    }
+    if !l.shedlock_table.split('.').all(is_identifier) || l.shedlock_table.split('.').count() > 2 {
+        return Err(ConfigError::new(
+            "lease.shedlock_table",
+            format!(
+                "\"{}\" is not a plain SQL identifier (letters, digits, _; optionally \
+                 schema.table)",
+                l.shedlock_table
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `http.listen`: empty (no endpoints) or host:port.
+fn validate_http(s: &Settings) -> Result<(), ConfigError> {
     if !s.http.listen.is_empty() && s.http.listen.parse::<SocketAddr>().is_err() {
         return Err(ConfigError::new(
             "http.listen",
             format!(
                 "\"{}\" is not host:port (e.g. 127.0.0.1:9090)",
                 s.http.listen
-            ),
-        ));
-    }
-    if let Some(c) = &s.console {
-        // With or without [table]: the console reads and writes through the mapping.
-        validate_console(c, &s.http.listen)?;
-    }
-    if tracing_subscriber::EnvFilter::try_new(&s.log.level).is_err() {
-        return Err(ConfigError::new(
-            "log.level",
-            format!(
-                "\"{}\" is not a level or filter (e.g. info, debug)",
-                s.log.level
             ),
         ));
     }

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::Console;
 use super::auth::{Viewer, Who};
-use super::queries::{Filter, Form};
+use super::queries::{Filter, Filterable, Form};
 use super::view::{age, esc, mask, page, with_query};
 use crate::config::{LeaseBackend, Mode};
 use crate::store::LeaseRow;
@@ -75,69 +75,9 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
         Ok(v) => v,
         Err(e) => return db_error(&e),
     };
-    let mut channels = channels;
-    // Configured sinks with no rows still get a line: "nothing waiting" is an answer too.
-    for s in i.sinks.iter() {
-        if !channels.iter().any(|c| c.channel == s.name) {
-            channels.push(crate::store::ChannelCounts {
-                channel: s.name.clone(),
-                ..Default::default()
-            });
-        }
-    }
-    channels.sort_by(|a, b| a.channel.cmp(&b.channel));
-
-    // A mapped table without created_at: no row's age is known.
-    let no_created = store.columns().created_at.is_none();
-    let mut rows = String::new();
-    let (mut tp, mut tr, mut tf, mut td) = (0, 0, 0, 0);
-    for ch in &channels {
-        tp += ch.pending;
-        tr += ch.retry;
-        tf += ch.failed;
-        td += ch.delivered_last_hour;
-        let failed = if ch.failed > 0 {
-            let q: String = form_urlencoded::Serializer::new(String::new())
-                .append_pair("channel", &ch.channel)
-                .finish();
-            format!(r#"<a href="/failed?{}">{}</a>"#, esc(&q), ch.failed)
-        } else {
-            "0".to_string()
-        };
-        let _ = write!(
-            rows,
-            r#"<tr data-channel="{name}"><th scope="row">{name}</th><td data-k="pending">{}</td><td data-k="retry">{}</td><td data-k="failed" class="{}">{failed}</td><td data-k="delivered">{}</td><td data-k="oldest">{}</td><td data-k="sink">{}</td></tr>"#,
-            ch.pending,
-            ch.retry,
-            if ch.failed > 0 { "bad" } else { "" },
-            ch.delivered_last_hour,
-            match ch.oldest_pending {
-                Some(d) => age(d),
-                None if no_created => NOT_MAPPED.into(),
-                None => "–".into(),
-            },
-            sink_state(&c, &ch.channel),
-            name = esc(&ch.channel),
-        );
-    }
-    if channels.is_empty() {
-        rows.push_str(r#"<tr><td colspan="7" class="empty">No rows and no sinks.</td></tr>"#);
-    }
-    let totals = format!(
-        r#"<tr class="total" data-channel=""><th scope="row">all channels</th><td data-k="pending">{tp}</td><td data-k="retry">{tr}</td><td data-k="failed">{tf}</td><td data-k="delivered">{td}</td><td></td><td></td></tr>"#
-    );
-
-    let mut claim_rows = String::new();
-    for (instance, n) in &claims {
-        let _ = write!(
-            claim_rows,
-            r#"<tr><td>{}</td><td data-k="claims">{n}</td></tr>"#,
-            esc(instance)
-        );
-    }
-    if claims.is_empty() {
-        claim_rows.push_str(r#"<tr><td colspan="2" class="empty">No live claims.</td></tr>"#);
-    }
+    let channels = with_every_sink(&c, channels);
+    let (rows, totals) = channel_rows(&c, &channels);
+    let claim_rows = claim_rows(&claims);
 
     let body = format!(
         r#"<main>
@@ -170,6 +110,84 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
         live = live_rows(&c),
     );
     framed(&c, &who, "Overview", &body)
+}
+
+/// The channels with rows, and every configured sink without any (a line that says "nothing
+/// waiting" is an answer too), by name.
+fn with_every_sink(
+    c: &Console,
+    mut channels: Vec<crate::store::ChannelCounts>,
+) -> Vec<crate::store::ChannelCounts> {
+    for s in c.inner.sinks.iter() {
+        if !channels.iter().any(|c| c.channel == s.name) {
+            channels.push(crate::store::ChannelCounts {
+                channel: s.name.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    channels.sort_by(|a, b| a.channel.cmp(&b.channel));
+    channels
+}
+
+/// The overview's line per channel, and the line of totals.
+fn channel_rows(c: &Console, channels: &[crate::store::ChannelCounts]) -> (String, String) {
+    // A mapped table without created_at: no row's age is known.
+    let no_created = c.inner.store.columns().created_at.is_none();
+    let mut rows = String::new();
+    let (mut tp, mut tr, mut tf, mut td) = (0, 0, 0, 0);
+    for ch in channels {
+        tp += ch.pending;
+        tr += ch.retry;
+        tf += ch.failed;
+        td += ch.delivered_last_hour;
+        let failed = if ch.failed > 0 {
+            let q: String = form_urlencoded::Serializer::new(String::new())
+                .append_pair("channel", &ch.channel)
+                .finish();
+            format!(r#"<a href="/failed?{}">{}</a>"#, esc(&q), ch.failed)
+        } else {
+            "0".to_string()
+        };
+        let _ = write!(
+            rows,
+            r#"<tr data-channel="{name}"><th scope="row">{name}</th><td data-k="pending">{}</td><td data-k="retry">{}</td><td data-k="failed" class="{}">{failed}</td><td data-k="delivered">{}</td><td data-k="oldest">{}</td><td data-k="sink">{}</td></tr>"#,
+            ch.pending,
+            ch.retry,
+            if ch.failed > 0 { "bad" } else { "" },
+            ch.delivered_last_hour,
+            match ch.oldest_pending {
+                Some(d) => age(d),
+                None if no_created => NOT_MAPPED.into(),
+                None => "–".into(),
+            },
+            sink_state(c, &ch.channel),
+            name = esc(&ch.channel),
+        );
+    }
+    if channels.is_empty() {
+        rows.push_str(r#"<tr><td colspan="7" class="empty">No rows and no sinks.</td></tr>"#);
+    }
+    let totals = format!(
+        r#"<tr class="total" data-channel=""><th scope="row">all channels</th><td data-k="pending">{tp}</td><td data-k="retry">{tr}</td><td data-k="failed">{tf}</td><td data-k="delivered">{td}</td><td></td><td></td></tr>"#
+    );
+    (rows, totals)
+}
+
+/// The live claims' lines: rows claimed per instance.
+fn claim_rows(claims: &[(String, i64)]) -> String {
+    let mut claim_rows = String::new();
+    for (instance, n) in claims {
+        let _ = write!(
+            claim_rows,
+            r#"<tr><td>{}</td><td data-k="claims">{n}</td></tr>"#,
+            esc(instance)
+        );
+    }
+    if claims.is_empty() {
+        claim_rows.push_str(r#"<tr><td colspan="2" class="empty">No live claims.</td></tr>"#);
+    }
+    claim_rows
 }
 
 /// A sink's state as the relay knows it: sending, or paused (how long, why).
@@ -269,88 +287,115 @@ pub(super) async fn failed(
 
     let form = Form::parse(raw.as_bytes());
     let can = c.inner.filterable;
-    let cols = c.inner.store.columns();
     let (filter, problem) = match Filter::from_form(&form, can) {
         Ok(f) => (f, None),
         Err(e) => (Filter::default(), Some(e)),
     };
     let before = form.get("before").and_then(|b| b.parse::<i64>().ok());
-    let mut list = String::new();
-    let mut status = StatusCode::OK;
-    if let Some(p) = &problem {
-        status = StatusCode::BAD_REQUEST;
-        let _ = write!(list, r#"<p class="error" id="filter-error">{}</p>"#, esc(p));
-    } else {
-        let rows = match c
-            .inner
-            .store
-            .failed_page(&filter.parsed, before, PAGE + 1)
-            .await
-        {
-            Ok(r) => r,
-            Err(e) => return db_error(&e),
-        };
-        let more = rows.len() > PAGE as usize;
-        let csrf = csrf_field(&c, &who);
-        let back = esc(&path);
-        let mut trs = String::new();
-        for r in rows.iter().take(PAGE as usize) {
-            let err = r.last_error.as_deref().unwrap_or("");
-            let short: String = err.chars().take(160).collect();
-            let ellipsis = if short.len() < err.len() { "…" } else { "" };
-            let error = if cols.last_error.is_none() {
-                NOT_MAPPED.to_string()
-            } else {
-                format!("{}{ellipsis}", esc(&short))
-            };
-            let _ = write!(
-                trs,
-                r#"<tr data-id="{id}"><td><a href="/row/{id}">{id}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="err" title="{}">{error}</td><td><form method="post" action="/row/{id}/requeue" data-confirm="Requeue row {id} ({ch})? It will be sent again.">{csrf}<input type="hidden" name="back" value="{back}"><button type="submit" class="small" id="requeue-{id}">Requeue</button></form></td></tr>"#,
-                esc(&r.channel),
-                r.attempts,
-                shown(can.created, r.created_at.as_deref()),
-                shown(cols.updated_at.is_some(), r.updated_at.as_deref()),
-                esc(err),
-                id = r.id,
-                ch = esc(&r.channel),
-            );
-        }
-        if rows.is_empty() {
-            trs.push_str(r#"<tr><td colspan="7" class="empty">No FAILED rows match.</td></tr>"#);
-        }
-        let fq = filter.query();
-        let amp = if fq.is_empty() { "" } else { "&" };
-        let mut nav = String::new();
-        if before.is_some() {
-            let _ = write!(nav, r#"<a href="/failed?{}">« Newest</a>"#, esc(&fq));
-        }
-        if more && let Some(last) = rows.get(PAGE as usize - 1) {
-            let _ = write!(
-                nav,
-                r#"<a href="/failed?{}{amp}before={}" id="older">Older rows »</a>"#,
-                esc(&fq),
-                last.id
-            );
-        }
-        let _ = write!(
-            list,
-            r#"<div class="actions"><a class="button" href="/requeue?{}" id="requeue-matching">Requeue all matching rows…</a></div>
-<table class="grid" id="failed"><thead><tr><th>Id</th><th>Channel</th><th>Attempts</th><th>Created (UTC)</th><th>Failed at (UTC)</th><th>Last error</th><th></th></tr></thead><tbody>{trs}</tbody></table>
-<p class="pager">{nav}</p>"#,
-            esc(&fq)
-        );
-    }
+    let (list, status) = match &problem {
+        Some(p) => (
+            format!(r#"<p class="error" id="filter-error">{}</p>"#, esc(p)),
+            StatusCode::BAD_REQUEST,
+        ),
+        None => match failed_list(&c, &who, &filter, before, &path).await {
+            Ok(list) => (list, StatusCode::OK),
+            Err(page) => return page,
+        },
+    };
     let body = format!(
         r#"<main>
 <h1>Failed rows</h1>
-<form method="get" action="/failed" class="filter" id="filter">
+{}
+{list}
+</main>"#,
+        filter_form(&c, &filter, can)
+    );
+    let mut r = framed(&c, &who, "Failed rows", &body);
+    *r.status_mut() = status;
+    r
+}
+
+/// The failed page's rows matching `filter` older than `before` (a page of them, with
+/// links to the newest and the next older page), or the database error as a page.
+async fn failed_list(
+    c: &Console,
+    who: &Who,
+    filter: &Filter,
+    before: Option<i64>,
+    path: &str,
+) -> Result<String, Response> {
+    let rows = c
+        .inner
+        .store
+        .failed_page(&filter.parsed, before, PAGE + 1)
+        .await
+        .map_err(|e| db_error(&e))?;
+    let more = rows.len() > PAGE as usize;
+    let csrf = csrf_field(c, who);
+    let back = esc(path);
+    let mut trs = String::new();
+    for r in rows.iter().take(PAGE as usize) {
+        failed_row(&mut trs, c, r, &csrf, &back);
+    }
+    if rows.is_empty() {
+        trs.push_str(r#"<tr><td colspan="7" class="empty">No FAILED rows match.</td></tr>"#);
+    }
+    let fq = filter.query();
+    let amp = if fq.is_empty() { "" } else { "&" };
+    let mut nav = String::new();
+    if before.is_some() {
+        let _ = write!(nav, r#"<a href="/failed?{}">« Newest</a>"#, esc(&fq));
+    }
+    if more && let Some(last) = rows.get(PAGE as usize - 1) {
+        let _ = write!(
+            nav,
+            r#"<a href="/failed?{}{amp}before={}" id="older">Older rows »</a>"#,
+            esc(&fq),
+            last.id
+        );
+    }
+    Ok(format!(
+        r#"<div class="actions"><a class="button" href="/requeue?{}" id="requeue-matching">Requeue all matching rows…</a></div>
+<table class="grid" id="failed"><thead><tr><th>Id</th><th>Channel</th><th>Attempts</th><th>Created (UTC)</th><th>Failed at (UTC)</th><th>Last error</th><th></th></tr></thead><tbody>{trs}</tbody></table>
+<p class="pager">{nav}</p>"#,
+        esc(&fq)
+    ))
+}
+
+/// One failed row's line, with its requeue button (coming `back` to this page).
+fn failed_row(trs: &mut String, c: &Console, r: &crate::store::FailedRow, csrf: &str, back: &str) {
+    let can = c.inner.filterable;
+    let cols = c.inner.store.columns();
+    let err = r.last_error.as_deref().unwrap_or("");
+    let short: String = err.chars().take(160).collect();
+    let ellipsis = if short.len() < err.len() { "…" } else { "" };
+    let error = if cols.last_error.is_none() {
+        NOT_MAPPED.to_string()
+    } else {
+        format!("{}{ellipsis}", esc(&short))
+    };
+    let _ = write!(
+        trs,
+        r#"<tr data-id="{id}"><td><a href="/row/{id}">{id}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class="err" title="{}">{error}</td><td><form method="post" action="/row/{id}/requeue" data-confirm="Requeue row {id} ({ch})? It will be sent again.">{csrf}<input type="hidden" name="back" value="{back}"><button type="submit" class="small" id="requeue-{id}">Requeue</button></form></td></tr>"#,
+        esc(&r.channel),
+        r.attempts,
+        shown(can.created, r.created_at.as_deref()),
+        shown(cols.updated_at.is_some(), r.updated_at.as_deref()),
+        esc(err),
+        id = r.id,
+        ch = esc(&r.channel),
+    );
+}
+
+/// The failed page's filter: the fields the table's mapping allows, and a hint on them.
+fn filter_form(c: &Console, filter: &Filter, can: Filterable) -> String {
+    format!(
+        r#"<form method="get" action="/failed" class="filter" id="filter">
 <label>Channel <input name="channel" id="f-channel" value="{}" list="channels"></label>
 {error_input}{time_inputs}<button type="submit" id="apply">Filter</button> <a href="/failed">Clear</a>
 <datalist id="channels">{options}</datalist>
 </form>
-<p class="hint">{hint}Newest first.</p>
-{list}
-</main>"#,
+<p class="hint">{hint}Newest first.</p>"#,
         esc(&filter.channel),
         error_input = if can.error {
             format!(
@@ -388,10 +433,7 @@ pub(super) async fn failed(
             .iter()
             .map(|s| format!(r#"<option value="{}">"#, esc(&s.name)))
             .collect::<String>(),
-    );
-    let mut r = framed(&c, &who, "Failed rows", &body);
-    *r.status_mut() = status;
-    r
+    )
 }
 
 /// `GET /row/{id}`.
@@ -413,32 +455,8 @@ pub(super) async fn row(
         }
         Err(e) => return db_error(&e),
     };
-    let s = &c.inner.settings;
     let cols = c.inner.store.columns();
-    let recipient = match &row.recipient {
-        None => shown(cols.recipient.is_some(), None),
-        Some(r) if s.mask_recipients => format!(
-            r#"{} <span class="hint">(masked: console.mask_recipients)</span>"#,
-            esc(&mask(r))
-        ),
-        Some(r) => esc(r),
-    };
-    // On a mapped table the payload is the one the sink gets: its column, or the object
-    // the database builds from the row's columns (`table.payload_object`).
-    let payload = match &row.payload {
-        None => r#"<p id="payload" class="hint">None: the payload is NULL.</p>"#.to_string(),
-        Some(p) if s.show_payloads => {
-            let pretty = serde_json::from_str::<serde_json::Value>(p)
-                .ok()
-                .and_then(|v| serde_json::to_string_pretty(&v).ok())
-                .unwrap_or_else(|| p.clone());
-            format!(r#"<pre id="payload">{}</pre>"#, esc(&pretty))
-        }
-        Some(p) => format!(
-            r#"<p id="payload" class="hint">Hidden ({} bytes): payloads are shown only with <code>console.show_payloads = true</code>.</p>"#,
-            p.len()
-        ),
-    };
+    let (recipient, payload) = (recipient(&c, &row), payload(&c, &row));
     let claim = match (&row.claimed_by, row.claim_left_ms) {
         (Some(by), Some(ms)) => format!(
             "claimed by {} for {} more",
@@ -494,4 +512,37 @@ pub(super) async fn row(
         sent = time(true, &row.sent_at),
     );
     framed(&c, &who, &format!("Row {id}"), &body)
+}
+
+/// A row's recipient, masked if `console.mask_recipients` says so.
+fn recipient(c: &Console, row: &crate::store::RowDetail) -> String {
+    let s = &c.inner.settings;
+    match &row.recipient {
+        None => shown(c.inner.store.columns().recipient.is_some(), None),
+        Some(r) if s.mask_recipients => format!(
+            r#"{} <span class="hint">(masked: console.mask_recipients)</span>"#,
+            esc(&mask(r))
+        ),
+        Some(r) => esc(r),
+    }
+}
+
+/// A row's payload, pretty-printed, or hidden unless `console.show_payloads` is on. On a
+/// mapped table the payload is the one the sink gets: its column, or the object the
+/// database builds from the row's columns (`table.payload_object`).
+fn payload(c: &Console, row: &crate::store::RowDetail) -> String {
+    match &row.payload {
+        None => r#"<p id="payload" class="hint">None: the payload is NULL.</p>"#.to_string(),
+        Some(p) if c.inner.settings.show_payloads => {
+            let pretty = serde_json::from_str::<serde_json::Value>(p)
+                .ok()
+                .and_then(|v| serde_json::to_string_pretty(&v).ok())
+                .unwrap_or_else(|| p.clone());
+            format!(r#"<pre id="payload">{}</pre>"#, esc(&pretty))
+        }
+        Some(p) => format!(
+            r#"<p id="payload" class="hint">Hidden ({} bytes): payloads are shown only with <code>console.show_payloads = true</code>.</p>"#,
+            p.len()
+        ),
+    }
 }

@@ -14,6 +14,7 @@
 //!   holder token and a new epoch;
 //! - on shutdown the watchdog stops *before* the release is sent.
 
+mod build;
 mod database;
 mod get_lock;
 mod redis;
@@ -29,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub use build::build;
 pub use database::DatabaseLease;
 pub use get_lock::GetLockLease;
 pub use redis::RedisLease;
@@ -175,6 +177,7 @@ pub fn deadline(sent_at: Instant, ttl: Duration) -> Instant {
 
 /// Drives a [`Lease`]: acquisition, epoch bump, watchdog renewals, release on shutdown.
 pub struct Keeper {
+    lease: Arc<dyn Lease>,
     state: watch::Receiver<LeaseState>,
     stop: CancellationToken,
     task: JoinHandle<()>,
@@ -189,8 +192,20 @@ impl Keeper {
     ) -> Keeper {
         let (tx, rx) = watch::channel(LeaseState::Standby);
         let stop = CancellationToken::new();
-        let task = tokio::spawn(run(lease, store, renew_timeout, tx, stop.clone()));
+        let task = tokio::spawn(
+            KeeperTask {
+                ttl: lease.ttl(),
+                lease: lease.clone(),
+                store,
+                renew_timeout,
+                tx,
+                stop: stop.clone(),
+                failed_acquires: 0,
+            }
+            .run(),
+        );
         Keeper {
+            lease,
             state: rx,
             stop,
             task,
@@ -200,6 +215,17 @@ impl Keeper {
     /// A receiver of the lease state.
     pub fn state(&self) -> watch::Receiver<LeaseState> {
         self.state.clone()
+    }
+
+    /// The lease's name and a receiver of its state: what the relay loop fences its claims
+    /// with (`relay::Relay::lease`).
+    pub fn watch(&self) -> (String, watch::Receiver<LeaseState>) {
+        (self.lease.name().to_string(), self.state())
+    }
+
+    /// The backend, for `/readyz`'s round trip.
+    pub fn lease(&self) -> Arc<dyn Lease> {
+        self.lease.clone()
     }
 
     /// Stops renewing, then releases the lease if held (standbys are told at once).
@@ -217,52 +243,90 @@ fn publish(tx: &watch::Sender<LeaseState>, state: LeaseState) {
     tx.send_replace(state);
 }
 
-async fn run(
+/// The keeper task: one backend, the table of fencing epochs, and where the state is
+/// published.
+struct KeeperTask {
     lease: Arc<dyn Lease>,
     store: Arc<dyn LeaseTable>,
+    /// Bounds each acquire, renew and release round trip.
     renew_timeout: Duration,
+    ttl: Duration,
     tx: watch::Sender<LeaseState>,
     stop: CancellationToken,
-) {
-    let ttl = lease.ttl();
-    publish(&tx, LeaseState::Standby);
-    let mut failures = 0u32;
-    while !stop.is_cancelled() {
-        let attempt = tokio::time::timeout(renew_timeout, lease.try_acquire()).await;
-        let grant = match attempt {
-            Ok(Ok(Some(grant))) => grant,
+    /// Acquires failed in a row: how long the next backoff is.
+    failed_acquires: u32,
+}
+
+impl KeeperTask {
+    /// Acquires, holds and loses (or, on shutdown, releases) the lease, over and over.
+    async fn run(mut self) {
+        publish(&self.tx, LeaseState::Standby);
+        while !self.stop.is_cancelled() {
+            let Some(grant) = self.acquire().await else {
+                continue;
+            };
+            let deadline = self::deadline(grant.sent_at, self.ttl);
+            let Some(epoch) = self.fence(&grant, deadline).await else {
+                continue;
+            };
+            metrics::counter!(crate::metric::LEASE_ACQUISITIONS).increment(1);
+            metrics::gauge!(crate::metric::LEASE_EPOCH).set(epoch as f64);
+            tracing::info!(lease = self.lease.name(), holder = %self.lease.holder(), epoch, "lease acquired");
+            publish(&self.tx, held(epoch, deadline, true));
+            let lost_reason = self.hold(epoch, deadline, grant.sent_at).await;
+            publish(&self.tx, LeaseState::Standby);
+            self.end_hold(epoch, lost_reason).await;
+        }
+        publish(&self.tx, LeaseState::Standby);
+    }
+
+    /// One attempt to take the lease. `None`: not taken; it has waited for a turn (someone
+    /// else holds it) or backed off (the attempt failed).
+    async fn acquire(&mut self) -> Option<Grant> {
+        let (lease, ttl) = (&self.lease, self.ttl);
+        let attempt = tokio::time::timeout(self.renew_timeout, lease.try_acquire()).await;
+        match attempt {
+            Ok(Ok(Some(grant))) => {
+                self.failed_acquires = 0;
+                Some(grant)
+            }
             Ok(Ok(None)) => {
-                failures = 0;
+                self.failed_acquires = 0;
                 tokio::select! {
-                    _ = stop.cancelled() => break,
+                    _ = self.stop.cancelled() => {}
                     _ = lease.wait_turn(ttl) => {}
                 }
-                continue;
+                None
             }
             Ok(Err(e)) => {
-                failures += 1;
+                self.failed_acquires += 1;
                 tracing::warn!(lease = lease.name(), error = %e, "lease acquire failed");
-                backoff(&stop, failures, ttl / 3).await;
-                continue;
+                backoff(&self.stop, self.failed_acquires, ttl / 3).await;
+                None
             }
             Err(_) => {
-                failures += 1;
+                self.failed_acquires += 1;
                 tracing::warn!(lease = lease.name(), "lease acquire timed out");
-                backoff(&stop, failures, ttl / 3).await;
-                continue;
+                backoff(&self.stop, self.failed_acquires, ttl / 3).await;
+                None
             }
-        };
-        failures = 0;
-        let mut deadline = self::deadline(grant.sent_at, ttl);
-        // The epoch is bumped only while the grant is still ours: a bump that landed after
-        // our hold ran out (say, after waiting for a database connection) would come after
-        // the next holder's bump and fence that holder out for as long as it renews (found by
-        // the chaos run: a whole cluster stalled). So the bump is abandoned at the deadline.
+        }
+    }
+
+    /// The epoch to fence claims with under `grant`, good until `deadline`. `None`: the
+    /// grant could not be used and was given back.
+    ///
+    /// The epoch is bumped only while the grant is still ours: a bump that landed after our
+    /// hold ran out (say, after waiting for a database connection) would come after the next
+    /// holder's bump and fence that holder out for as long as it renews (found by the chaos
+    /// run: a whole cluster stalled). So the bump is abandoned at the deadline.
+    async fn fence(&self, grant: &Grant, deadline: Instant) -> Option<i64> {
+        let lease = &self.lease;
         let epoch = match grant.epoch {
             Some(e) => e,
             None => match tokio::time::timeout_at(
                 deadline,
-                store.advance_epoch(lease.name(), &lease.holder()),
+                self.store.advance_epoch(lease.name(), &lease.holder()),
             )
             .await
             {
@@ -270,8 +334,8 @@ async fn run(
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "could not record the lease epoch; giving the lease back");
                     let _ = lease.release().await;
-                    backoff(&stop, 1, ttl / 3).await;
-                    continue;
+                    backoff(&self.stop, 1, self.ttl / 3).await;
+                    return None;
                 }
                 Err(_) => {
                     tracing::warn!(
@@ -279,7 +343,7 @@ async fn run(
                         "the lease epoch was not recorded before the grant ran out; giving the lease back"
                     );
                     let _ = lease.release().await;
-                    continue;
+                    return None;
                 }
             },
         };
@@ -289,83 +353,99 @@ async fn run(
                 "lease granted too late to use; releasing"
             );
             let _ = lease.release().await;
-            continue;
+            return None;
         }
-        metrics::counter!(crate::metric::LEASE_ACQUISITIONS).increment(1);
-        metrics::gauge!(crate::metric::LEASE_EPOCH).set(epoch as f64);
-        tracing::info!(lease = lease.name(), holder = %lease.holder(), epoch, "lease acquired");
-        publish(&tx, held(epoch, deadline, true));
+        Some(epoch)
+    }
 
-        // The watchdog: renew every ttl/3 (sooner after a failed renewal).
-        let mut next = grant.sent_at + ttl / 3;
-        let lost_reason = loop {
+    /// The watchdog: renews every ttl/3 (sooner after a failed renewal) until shutdown
+    /// (`None`) or the hold is lost (why).
+    async fn hold(
+        &self,
+        epoch: i64,
+        mut deadline: Instant,
+        sent_at: Instant,
+    ) -> Option<&'static str> {
+        let lease = &self.lease;
+        let mut next = sent_at + self.ttl / 3;
+        loop {
             tokio::select! {
-                _ = stop.cancelled() => break None,
+                _ = self.stop.cancelled() => return None,
                 _ = tokio::time::sleep_until(next.min(deadline)) => {}
-                _ = lease.lost() => break Some("the backend reported the hold gone"),
+                _ = lease.lost() => return Some("the backend reported the hold gone"),
                 _ = lease.reconnected() => {
                     // The backend's connection was re-established: whether the hold survived
                     // is unknown until a renewal confirms it; claim nothing new until then.
                     tracing::info!(lease = lease.name(), "lease backend reconnected; confirming the hold before claiming again");
-                    publish(&tx, held(epoch, deadline, false));
+                    publish(&self.tx, held(epoch, deadline, false));
                 }
             }
             if Instant::now() >= deadline {
-                break Some("deadline passed without a confirmed renewal");
+                return Some("deadline passed without a confirmed renewal");
             }
-            let sent = Instant::now();
-            match tokio::time::timeout(renew_timeout, lease.renew()).await {
-                Ok(Ok(true)) => {
-                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "ok").increment(1);
-                    deadline = self::deadline(sent, ttl);
-                    next = sent + ttl / 3;
-                    publish(&tx, held(epoch, deadline, true));
-                }
-                Ok(Ok(false)) => {
-                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "rejected")
-                        .increment(1);
-                    break Some("renewal rejected: another holder has the lease");
-                }
-                Ok(Err(e)) => {
-                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "error")
-                        .increment(1);
-                    tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed; retrying");
-                    next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
-                    publish(&tx, held(epoch, deadline, false));
-                }
-                Err(_) => {
-                    metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => "timeout")
-                        .increment(1);
-                    tracing::warn!(lease = lease.name(), "lease renewal timed out; retrying");
-                    next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
-                    publish(&tx, held(epoch, deadline, false));
-                }
-            }
-        };
-        publish(&tx, LeaseState::Standby);
-        match lost_reason {
-            Some(reason) => {
-                metrics::counter!(crate::metric::LEASE_LOST).increment(1);
-                tracing::warn!(
-                    lease = lease.name(),
-                    epoch,
-                    reason,
-                    "lease lost; delivery stopped"
-                );
-            }
-            None => {
-                // Shutdown: the watchdog has stopped; now give the lease back.
-                match tokio::time::timeout(renew_timeout, lease.release()).await {
-                    Ok(Ok(())) => tracing::info!(lease = lease.name(), epoch, "lease released"),
-                    Ok(Err(e)) => {
-                        tracing::warn!(error = %e, "lease release failed; it will expire")
-                    }
-                    Err(_) => tracing::warn!("lease release timed out; it will expire"),
-                }
+            match self.renew(epoch, deadline).await {
+                Ok(renewed) => (deadline, next) = renewed,
+                Err(reason) => return Some(reason),
             }
         }
     }
-    publish(&tx, LeaseState::Standby);
+
+    /// Sends one renewal and publishes what it says: the deadline and when to renew next,
+    /// or (`Err`) why the hold is lost.
+    async fn renew(
+        &self,
+        epoch: i64,
+        deadline: Instant,
+    ) -> Result<(Instant, Instant), &'static str> {
+        let (lease, ttl) = (&self.lease, self.ttl);
+        let sent = Instant::now();
+        let outcome = tokio::time::timeout(self.renew_timeout, lease.renew()).await;
+        let result = match &outcome {
+            Ok(Ok(true)) => "ok",
+            Ok(Ok(false)) => "rejected",
+            Ok(Err(_)) => "error",
+            Err(_) => "timeout",
+        };
+        metrics::counter!(crate::metric::LEASE_RENEWALS, "result" => result).increment(1);
+        match outcome {
+            Ok(Ok(true)) => {
+                let deadline = self::deadline(sent, ttl);
+                publish(&self.tx, held(epoch, deadline, true));
+                return Ok((deadline, sent + ttl / 3));
+            }
+            Ok(Ok(false)) => return Err("renewal rejected: another holder has the lease"),
+            Ok(Err(e)) => {
+                tracing::warn!(lease = lease.name(), error = %e, "lease renewal failed; retrying")
+            }
+            Err(_) => tracing::warn!(lease = lease.name(), "lease renewal timed out; retrying"),
+        }
+        let next = Instant::now() + (ttl / 10).max(Duration::from_millis(20));
+        publish(&self.tx, held(epoch, deadline, false));
+        Ok((deadline, next))
+    }
+
+    /// After a hold: a loss is counted and reported; on shutdown (the watchdog has stopped)
+    /// the lease is given back.
+    async fn end_hold(&self, epoch: i64, lost_reason: Option<&'static str>) {
+        let lease = &self.lease;
+        if let Some(reason) = lost_reason {
+            metrics::counter!(crate::metric::LEASE_LOST).increment(1);
+            tracing::warn!(
+                lease = lease.name(),
+                epoch,
+                reason,
+                "lease lost; delivery stopped"
+            );
+            return;
+        }
+        match tokio::time::timeout(self.renew_timeout, lease.release()).await {
+            Ok(Ok(())) => tracing::info!(lease = lease.name(), epoch, "lease released"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "lease release failed; it will expire")
+            }
+            Err(_) => tracing::warn!("lease release timed out; it will expire"),
+        }
+    }
 }
 
 /// Waits after a failed acquire: exponential, but never longer than `cap` (the renewal

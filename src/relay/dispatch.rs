@@ -19,9 +19,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::recorder::RecorderHandle;
+use super::retry;
 use crate::lease::LeaseState;
-use crate::retry;
-use crate::sink::{CONFIG_ERROR_PAUSE, Outcome, SinkRegistry};
+use crate::sink::{CONFIG_ERROR_PAUSE, Outcome, SinkHandle, SinkRegistry};
 use crate::store::{ClaimedRow, Completion, Resolution, Undeliverable};
 
 /// Extra time the relay allows a sink beyond its own timeout before giving up on it.
@@ -94,20 +94,11 @@ impl Dispatcher {
         None
     }
 
+    /// One attempt at a row: what to write for it.
     async fn attempt(&self, job: &Job) -> Resolution {
-        let d = &job.row.delivery;
-        if let Some(Undeliverable::Unreadable(why)) = &job.row.undeliverable {
-            tracing::warn!(id = d.id, reason = %why, "row cannot be read; marking it FAILED");
-            metrics::counter!(crate::metric::ROWS_UNDELIVERABLE).increment(1);
-            return Resolution::Failed {
-                error: format!("row could not be read: {why}"),
-            };
-        }
-        let Some(sink) = self.sinks.get(&d.channel) else {
-            metrics::counter!(crate::metric::DELIVERIES, "sink" => "none", "outcome" => "permanent").increment(1);
-            return Resolution::Failed {
-                error: format!("no sink is configured for channel \"{}\"", d.channel),
-            };
+        let sink = match self.route(job) {
+            Ok(sink) => sink,
+            Err(failed) => return failed,
         };
         // This row was counted in the sink's queue when it was claimed; it leaves the queue
         // when it holds a sink slot or is given back, whichever comes first.
@@ -116,64 +107,83 @@ impl Dispatcher {
             .undeliverable
             .is_none()
             .then(|| Queued(&sink.queued));
-        let bytes = match &job.row.undeliverable {
-            Some(Undeliverable::TooLarge { bytes }) => Some(*bytes),
-            _ => (d.payload.len() > sink.max_payload_bytes).then_some(d.payload.len() as u64),
+        if let Some(failed) = too_large(job, sink) {
+            return failed;
+        }
+        let _slot = match self.wait_to_send(job, sink, queued).await {
+            Ok(slot) => slot,
+            Err(unsent) => return unsent,
         };
-        if let Some(bytes) = bytes {
+        let outcome = self.send(job, sink).await;
+        retry::resolve(&outcome, job.row.delivery.attempts, &sink.retry)
+    }
+
+    /// The row's sink, or (`Err`) the row is failed: it could not be read, or no sink serves
+    /// its channel.
+    fn route(&self, job: &Job) -> Result<&Arc<SinkHandle>, Resolution> {
+        let d = &job.row.delivery;
+        if let Some(Undeliverable::Unreadable(why)) = &job.row.undeliverable {
+            tracing::warn!(id = d.id, reason = %why, "row cannot be read; marking it FAILED");
             metrics::counter!(crate::metric::ROWS_UNDELIVERABLE).increment(1);
-            return Resolution::Failed {
-                error: format!(
-                    "payload of {bytes} bytes exceeds {} ({}); it was not sent",
-                    sink.payload_limit_key, sink.max_payload_bytes
-                ),
-            };
+            return Err(Resolution::Failed {
+                error: format!("row could not be read: {why}"),
+            });
         }
-        let give_back = |why: &str| {
-            tracing::debug!(id = d.id, sink = %sink.name, why, "row given back unsent");
-            Resolution::Release {
-                delay: Duration::ZERO,
-                error: None,
+        self.sinks.get(&d.channel).ok_or_else(|| {
+            metrics::counter!(crate::metric::DELIVERIES, "sink" => "none", "outcome" => "permanent").increment(1);
+            Resolution::Failed {
+                error: format!("no sink is configured for channel \"{}\"", d.channel),
             }
-        };
+        })
+    }
+
+    /// Waits for the sink's slot (returned: held through the send) and rate, but never past
+    /// the point where a send could no longer finish inside the claim; then checks that the
+    /// row may still be sent (G4). `Err`: the row is given back unsent (`queued` is dropped
+    /// either way).
+    async fn wait_to_send(
+        &self,
+        job: &Job,
+        sink: &SinkHandle,
+        queued: Option<Queued<'_>>,
+    ) -> Result<OwnedSemaphorePermit, Resolution> {
+        let unsent = |why: &str| give_back(job, sink, why);
         if let Some(rest) = sink.pause.remaining() {
-            return Resolution::Release {
-                delay: rest,
-                error: None,
-            };
+            return Err(paused(rest));
         }
-        // Wait for the sink's slot and rate, but never past the point where a send could no
-        // longer finish inside the claim.
         let latest_start = job
             .deadline
             .checked_sub(sink.timeout + TIMEOUT_GRACE)
             .unwrap_or(job.claimed_at);
-        let _slot = tokio::select! {
+        let slot = tokio::select! {
             s = sink.slots.clone().acquire_owned() => match s {
                 Ok(s) => s,
-                Err(_) => return give_back("sink closed"),
+                Err(_) => return Err(unsent("sink closed")),
             },
-            _ = self.shutdown.cancelled() => return give_back("shutting down"),
-            _ = tokio::time::sleep_until(latest_start) => return give_back("claim expired waiting for a sink slot"),
+            _ = self.shutdown.cancelled() => return Err(unsent("shutting down")),
+            _ = tokio::time::sleep_until(latest_start) => return Err(unsent("claim expired waiting for a sink slot")),
         };
         drop(queued);
         if let Some(rate) = &sink.rate {
             tokio::select! {
                 _ = rate.acquire() => {}
-                _ = self.shutdown.cancelled() => return give_back("shutting down"),
-                _ = tokio::time::sleep_until(latest_start) => return give_back("claim expired waiting for the rate limit"),
+                _ = self.shutdown.cancelled() => return Err(unsent("shutting down")),
+                _ = tokio::time::sleep_until(latest_start) => return Err(unsent("claim expired waiting for the rate limit")),
             }
         }
         if let Some(rest) = sink.pause.remaining() {
-            return Resolution::Release {
-                delay: rest,
-                error: None,
-            };
+            return Err(paused(rest));
         }
         if let Some(why) = self.must_not_send(job, sink.timeout) {
-            return give_back(why);
+            return Err(unsent(why));
         }
+        Ok(slot)
+    }
 
+    /// Sends the row, records the send's metrics, and acts on what the sink answered (a
+    /// throttle or a configuration error pauses the sink).
+    async fn send(&self, job: &Job, sink: &SinkHandle) -> Outcome {
+        let d = &job.row.delivery;
         let started = Instant::now();
         sink.series.in_flight().increment(1.0);
         // The send is polled only while it can still end inside the claim: the clock is read
@@ -209,7 +219,42 @@ impl Dispatcher {
                 tracing::warn!(id = d.id, sink = %sink.name, reason, "delivery failed permanently");
             }
         }
-        retry::resolve(&outcome, d.attempts, &sink.retry)
+        outcome
+    }
+}
+
+/// A payload over the sink's limit (measured by the database at the claim, or here) fails
+/// the row unsent.
+fn too_large(job: &Job, sink: &SinkHandle) -> Option<Resolution> {
+    let len = job.row.delivery.payload.len();
+    let bytes = match &job.row.undeliverable {
+        Some(Undeliverable::TooLarge { bytes }) => *bytes,
+        _ if len > sink.max_payload_bytes => len as u64,
+        _ => return None,
+    };
+    metrics::counter!(crate::metric::ROWS_UNDELIVERABLE).increment(1);
+    Some(Resolution::Failed {
+        error: format!(
+            "payload of {bytes} bytes exceeds {} ({}); it was not sent",
+            sink.payload_limit_key, sink.max_payload_bytes
+        ),
+    })
+}
+
+/// The row back in the table at once, no attempt counted: `why` it was not sent.
+fn give_back(job: &Job, sink: &SinkHandle, why: &str) -> Resolution {
+    tracing::debug!(id = job.row.delivery.id, sink = %sink.name, why, "row given back unsent");
+    Resolution::Release {
+        delay: Duration::ZERO,
+        error: None,
+    }
+}
+
+/// The row back in the table until the paused sink resumes (`rest`), no attempt counted.
+fn paused(rest: Duration) -> Resolution {
+    Resolution::Release {
+        delay: rest,
+        error: None,
     }
 }
 

@@ -17,7 +17,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("sink", 1),
     ("store", 2),
     ("lease", 3),
-    ("retry", 3),
     ("fuzzing", 3),
     ("telemetry", 4),
     ("housekeeping", 4),

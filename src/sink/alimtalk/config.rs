@@ -107,136 +107,185 @@ struct RawAlimtalk {
 
 impl AlimtalkConfig {
     pub(crate) fn parse(prefix: &str, value: config::Value) -> Result<Self, ConfigError> {
-        let raw: RawAlimtalk = value
+        let mut raw: RawAlimtalk = value
             .try_deserialize()
             .map_err(|e| ConfigError::within(prefix, &e))?;
-        let key = |k: &str| format!("{prefix}.{k}");
-        let required = |k: &str, v: Option<String>| -> Result<String, ConfigError> {
-            match v.map(|s| s.trim().to_string()) {
-                Some(s) if !s.is_empty() => Ok(s),
-                _ => Err(ConfigError::new(key(k), "is required for this provider")),
-            }
-        };
-        let refuse = |present: &[(&str, bool)], provider: &str| -> Result<(), ConfigError> {
-            match present.iter().find(|(_, p)| *p) {
-                Some((k, _)) => Err(ConfigError::new(
-                    key(k),
-                    format!("is not a key of provider \"{provider}\""),
-                )),
-                None => Ok(()),
-            }
-        };
-        let (provider, default_endpoint) = match raw.provider.as_deref() {
-            Some("nhn") => {
-                refuse(
-                    &[
-                        ("api_key", raw.api_key.is_some()),
-                        ("api_secret", raw.api_secret.is_some()),
-                        ("api_secret_file", raw.api_secret_file.is_some()),
-                        ("pf_id", raw.pf_id.is_some()),
-                        ("from", raw.from.is_some()),
-                    ],
-                    "nhn",
-                )?;
-                let app_key = required("app_key", raw.app_key)?;
-                if !app_key
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                {
-                    return Err(ConfigError::new(
-                        key("app_key"),
-                        "must be letters, digits, - and _ (it goes into the URL path)",
-                    ));
-                }
-                let secret_key = secret(prefix, "secret_key", raw.secret_key, raw.secret_key_file)?;
-                let sender_key = required("sender_key", raw.sender_key)?;
-                let keys = NhnKeys {
-                    app_key,
-                    secret_key,
-                    sender_key,
-                };
-                (Provider::Nhn(keys), NHN_ENDPOINT)
-            }
-            Some("solapi") => {
-                refuse(
-                    &[
-                        ("app_key", raw.app_key.is_some()),
-                        ("secret_key", raw.secret_key.is_some()),
-                        ("secret_key_file", raw.secret_key_file.is_some()),
-                        ("sender_key", raw.sender_key.is_some()),
-                    ],
-                    "solapi",
-                )?;
-                let api_key = required("api_key", raw.api_key)?;
-                if !api_key
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                {
-                    return Err(ConfigError::new(
-                        key("api_key"),
-                        "must be letters, digits, - and _",
-                    ));
-                }
-                let api_secret = secret(prefix, "api_secret", raw.api_secret, raw.api_secret_file)?;
-                let pf_id = required("pf_id", raw.pf_id)?;
-                let from: String = required("from", raw.from)?
-                    .chars()
-                    .filter(|c| !matches!(c, '-' | ' '))
-                    .collect();
-                if from.is_empty() || !from.chars().all(|c| c.is_ascii_digit()) {
-                    return Err(ConfigError::new(
-                        key("from"),
-                        "must be a phone number (digits, - and spaces)",
-                    ));
-                }
-                let keys = SolapiKeys {
-                    api_key,
-                    api_secret,
-                    pf_id,
-                    from,
-                };
-                (Provider::Solapi(keys), SOLAPI_ENDPOINT)
-            }
+        let section = Section(prefix);
+        let (endpoint, key_prefix) = (raw.endpoint.take(), raw.key_prefix.take());
+        let on_unknown_outcome = raw.on_unknown_outcome.unwrap_or(UnknownOutcome::Fail);
+        let (provider, default_endpoint) = match raw.provider.take().as_deref() {
+            Some("nhn") => (Provider::Nhn(raw.nhn(&section)?), NHN_ENDPOINT),
+            Some("solapi") => (Provider::Solapi(raw.solapi(&section)?), SOLAPI_ENDPOINT),
             Some(other) => {
                 return Err(ConfigError::new(
-                    key("provider"),
+                    section.key("provider"),
                     format!("unknown provider \"{other}\"; expected nhn or solapi"),
                 ));
             }
             None => {
                 return Err(ConfigError::new(
-                    key("provider"),
+                    section.key("provider"),
                     "is required: nhn or solapi",
                 ));
             }
         };
-        let endpoint = raw.endpoint.unwrap_or_else(|| default_endpoint.to_string());
+        Ok(AlimtalkConfig {
+            provider,
+            endpoint: section.endpoint(endpoint, default_endpoint)?,
+            on_unknown_outcome,
+            key_prefix: section.key_prefix(key_prefix)?,
+        })
+    }
+}
+
+impl RawAlimtalk {
+    /// `provider = "nhn"`: `app_key`, `secret_key` (or its file), `sender_key`; Solapi's keys
+    /// refused.
+    fn nhn(self, section: &Section) -> Result<NhnKeys, ConfigError> {
+        section.refuse(
+            &[
+                ("api_key", self.api_key.is_some()),
+                ("api_secret", self.api_secret.is_some()),
+                ("api_secret_file", self.api_secret_file.is_some()),
+                ("pf_id", self.pf_id.is_some()),
+                ("from", self.from.is_some()),
+            ],
+            "nhn",
+        )?;
+        let app_key = section.required("app_key", self.app_key)?;
+        if !app_key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::new(
+                section.key("app_key"),
+                "must be letters, digits, - and _ (it goes into the URL path)",
+            ));
+        }
+        let secret_key = secret(
+            section.0,
+            "secret_key",
+            self.secret_key,
+            self.secret_key_file,
+        )?;
+        let sender_key = section.required("sender_key", self.sender_key)?;
+        Ok(NhnKeys {
+            app_key,
+            secret_key,
+            sender_key,
+        })
+    }
+
+    /// `provider = "solapi"`: `api_key`, `api_secret` (or its file), `pf_id`, `from` (a phone
+    /// number); NHN's keys refused.
+    fn solapi(self, section: &Section) -> Result<SolapiKeys, ConfigError> {
+        section.refuse(
+            &[
+                ("app_key", self.app_key.is_some()),
+                ("secret_key", self.secret_key.is_some()),
+                ("secret_key_file", self.secret_key_file.is_some()),
+                ("sender_key", self.sender_key.is_some()),
+            ],
+            "solapi",
+        )?;
+        let api_key = section.required("api_key", self.api_key)?;
+        if !api_key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(ConfigError::new(
+                section.key("api_key"),
+                "must be letters, digits, - and _",
+            ));
+        }
+        let api_secret = secret(
+            section.0,
+            "api_secret",
+            self.api_secret,
+            self.api_secret_file,
+        )?;
+        let pf_id = section.required("pf_id", self.pf_id)?;
+        let from: String = section
+            .required("from", self.from)?
+            .chars()
+            .filter(|c| !matches!(c, '-' | ' '))
+            .collect();
+        if from.is_empty() || !from.chars().all(|c| c.is_ascii_digit()) {
+            return Err(ConfigError::new(
+                section.key("from"),
+                "must be a phone number (digits, - and spaces)",
+            ));
+        }
+        Ok(SolapiKeys {
+            api_key,
+            api_secret,
+            pf_id,
+            from,
+        })
+    }
+}
+
+/// The sink's section (`sinks.NAME`), for checking its keys and naming them in errors.
+struct Section<'a>(&'a str);
+
+impl Section<'_> {
+    /// The full name of key `k`.
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.0)
+    }
+
+    /// Key `k`'s value, trimmed: it must be set and not empty.
+    fn required(&self, k: &str, v: Option<String>) -> Result<String, ConfigError> {
+        match v.map(|s| s.trim().to_string()) {
+            Some(s) if !s.is_empty() => Ok(s),
+            _ => Err(ConfigError::new(
+                self.key(k),
+                "is required for this provider",
+            )),
+        }
+    }
+
+    /// Refuses the first of the keys that is `present`: it belongs to another provider.
+    fn refuse(&self, present: &[(&str, bool)], provider: &str) -> Result<(), ConfigError> {
+        match present.iter().find(|(_, p)| *p) {
+            Some((k, _)) => Err(ConfigError::new(
+                self.key(k),
+                format!("is not a key of provider \"{provider}\""),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// `endpoint` (the provider's own when unset): an http:// or https:// URL, without a
+    /// trailing slash.
+    fn endpoint(&self, endpoint: Option<String>, default: &str) -> Result<String, ConfigError> {
+        let endpoint = endpoint.unwrap_or_else(|| default.to_string());
         let endpoint = endpoint.trim().trim_end_matches('/').to_string();
         if !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
             || reqwest::Url::parse(&endpoint).is_err()
         {
             return Err(ConfigError::new(
-                key("endpoint"),
+                self.key("endpoint"),
                 format!("\"{endpoint}\" is not an http:// or https:// URL"),
             ));
         }
-        let key_prefix = raw.key_prefix.unwrap_or_default();
+        Ok(endpoint)
+    }
+
+    /// `key_prefix` (empty when unset): at most 40 characters of a small set.
+    fn key_prefix(&self, key_prefix: Option<String>) -> Result<String, ConfigError> {
+        let key_prefix = key_prefix.unwrap_or_default();
         if key_prefix.len() > 40
             || !key_prefix
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
         {
             return Err(ConfigError::new(
-                key("key_prefix"),
+                self.key("key_prefix"),
                 "must be at most 40 letters, digits, -, _, . or :",
             ));
         }
-        Ok(AlimtalkConfig {
-            provider,
-            endpoint,
-            on_unknown_outcome: raw.on_unknown_outcome.unwrap_or(UnknownOutcome::Fail),
-            key_prefix,
-        })
+        Ok(key_prefix)
     }
 }
 
