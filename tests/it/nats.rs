@@ -189,6 +189,57 @@ async fn no_stream_or_another_stream_is_a_configuration_error_and_a_big_row_fail
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_outage_is_retried_and_the_row_goes_after_the_restart() {
+    let Some(mut nats) = NatsServer::start().await else {
+        return;
+    };
+    nats.create_stream("ORDERS", &["orders.>"], None).await;
+    let sink = sink_from_toml(
+        &config(
+            &nats.url(),
+            "subject = \"orders.created\"\nstream = \"ORDERS\"",
+        ),
+        "events",
+    );
+    let send = |id: i64| {
+        let sink = sink.clone();
+        async move { sink.sink.deliver(&delivery(id, None, "{}", 0)).await }
+    };
+    assert_eq!(send(1).await, Outcome::Delivered);
+    nats.kill();
+    let o = send(2).await;
+    assert!(matches!(o, Outcome::Retry { after: None, .. }), "{o:?}");
+    // The same store: the stream and row 1 are still there once JetStream has recovered them
+    // (until then "no responders" after the reconnect is a retry, not a missing stream).
+    nats.restart().await;
+    until(
+        "row 2 delivered after the restart",
+        Duration::from_secs(30),
+        || async {
+            match send(2).await {
+                Outcome::Delivered => true,
+                Outcome::Retry { .. } => false,
+                other => panic!("during the reconnect: {other:?}"),
+            }
+        },
+    )
+    .await;
+    let ids: Vec<Option<String>> = nats
+        .messages("ORDERS")
+        .await
+        .into_iter()
+        .map(|m| m.msg_id)
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            Some("outbox-outbox-1".into()),
+            Some("outbox-outbox-2".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permissions_and_credentials_the_server_refuses_are_configuration_errors() {
     let Some(nats) = NatsServer::start_with_users(
         r#"{ user: relay, password: "relay-pw-4f1c", permissions: { publish: ["orders.>"], subscribe: ["_INBOX.>"] } }"#,

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::{ClientError, ConnectOptions, Event, ServerError};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::config::{Auth, NatsConfig};
@@ -32,6 +33,8 @@ pub struct Link {
 #[derive(Default)]
 pub struct Watch {
     seen: Mutex<Seen>,
+    /// Woken at each connection, for the sends waiting for one.
+    connected: Notify,
 }
 
 #[derive(Default)]
@@ -64,6 +67,7 @@ impl Watch {
                 }
                 s.ever_connected = true;
                 s.auth_refused = false;
+                self.connected.notify_waiters();
             }
             Event::ServerError(ServerError::AuthorizationViolation) => s.auth_refused = true,
             // The connect loop reports a refusal by its kind's text.
@@ -150,18 +154,22 @@ pub async fn open(
     Ok(Link { client, js })
 }
 
-/// Waits until the client is connected, for at most `wait`; true if it is.
-pub async fn connected_within(client: &async_nats::Client, wait: Duration) -> bool {
+/// Waits until the client is connected, for at most `wait`; true if it is. Woken by the
+/// connection's event, and looks again every 100 ms anyway (the client sets its state and
+/// reports the event separately, in either order).
+pub async fn connected_within(client: &async_nats::Client, watch: &Watch, wait: Duration) -> bool {
     use async_nats::connection::State;
     let deadline = Instant::now() + wait;
     loop {
+        let woken = watch.connected.notified();
         if client.connection_state() == State::Connected {
             return true;
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let _ = tokio::time::timeout((deadline - now).min(Duration::from_millis(100)), woken).await;
     }
 }
 

@@ -171,7 +171,8 @@ impl Inner {
     async fn publish(&self, link: &Link, subject: &str, d: &Delivery) -> Attempt {
         // A client that is still connecting (or reconnecting) gets a moment; past it nothing
         // is handed over (see the module docs).
-        if !link::connected_within(&link.client, self.timeout.min(Duration::from_secs(2))).await {
+        let wait = self.timeout.min(Duration::from_secs(2));
+        if !link::connected_within(&link.client, &self.watch, wait).await {
             return Attempt::NotConnected;
         }
         let mut headers = async_nats::HeaderMap::new();
@@ -235,7 +236,7 @@ impl Inner {
                 return;
             }
         };
-        if !link::connected_within(&link.client, self.timeout).await {
+        if !link::connected_within(&link.client, &self.watch, self.timeout).await {
             tracing::warn!(sink = %self.name, urls = %self.cfg.urls_text(), "NATS not reachable yet; {key} not checked");
             return;
         }

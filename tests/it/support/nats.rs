@@ -1,7 +1,8 @@
 //! Throwaway `nats-server` processes with JetStream for the `nats` sink's tests: each on a free
 //! port of 127.0.0.1 with its store in a temporary directory, killed (SIGKILL) when its guard
 //! drops, its log printed if the test failed. A test can give the server a configuration of
-//! its own (users and permissions).
+//! its own (users and permissions), and kill it and start it again on the same port and store
+//! (an outage).
 //!
 //! Also the test's own view of the server through async-nats (which the relay depends on
 //! anyway): streams created, purged and read back message by message, so assertions look at
@@ -46,6 +47,9 @@ pub struct Stored {
 
 /// A `nats-server -js` process owned by one test.
 pub struct NatsServer {
+    bin: PathBuf,
+    /// The `users` of [`NatsServer::start_with_users`], kept for restarts.
+    users: Option<String>,
     port: u16,
     child: Option<Child>,
     /// The store and the log.
@@ -80,21 +84,23 @@ impl NatsServer {
             return None;
         };
         let dir = tempfile::tempdir().expect("tempdir for nats-server");
-        let log = dir.path().join("nats.log");
+        let admin = users
+            .as_ref()
+            .map(|_| (ADMIN.0.to_string(), ADMIN.1.to_string()));
         let mut server = NatsServer {
+            bin,
+            users,
             port: 0,
             child: None,
-            log,
-            admin: users
-                .as_ref()
-                .map(|_| (ADMIN.0.to_string(), ADMIN.1.to_string())),
+            log: dir.path().join("nats.log"),
+            admin,
             dir,
         };
         // Another process may take the port between our probe and the server's bind.
         let mut err = String::new();
         for _ in 0..5 {
             server.port = free_port();
-            match server.spawn_and_wait(&bin, users.as_deref()).await {
+            match server.spawn_and_wait().await {
                 Ok(()) => return Some(server),
                 Err(e) => {
                     eprintln!("nats-server failed to start ({e}); trying another port");
@@ -115,7 +121,7 @@ impl NatsServer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn spawn(&mut self, bin: &PathBuf, users: Option<&str>) -> Result<(), String> {
+    fn spawn(&mut self) -> Result<(), String> {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -123,8 +129,8 @@ impl NatsServer {
             .map_err(|e| format!("open nats log: {e}"))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let store = self.dir.path().join("js");
-        let mut cmd = Command::new(bin);
-        match users {
+        let mut cmd = Command::new(&self.bin);
+        match self.users.as_deref() {
             None => {
                 cmd.args([
                     "-a",
@@ -161,8 +167,8 @@ impl NatsServer {
     }
 
     /// Spawns the server and waits (up to 10 s) until it answers.
-    async fn spawn_and_wait(&mut self, bin: &PathBuf, users: Option<&str>) -> Result<(), String> {
-        self.spawn(bin, users)?;
+    async fn spawn_and_wait(&mut self) -> Result<(), String> {
+        self.spawn()?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let exited = match &mut self.child {
@@ -206,6 +212,27 @@ impl NatsServer {
             .connection_timeout(Duration::from_secs(2))
             .connect(self.url())
             .await
+    }
+
+    /// Starts the server again on the same port and store (its streams and messages are
+    /// kept); panics if it does not answer within 10 s.
+    pub async fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.spawn_and_wait().await {
+                Ok(()) => return,
+                // The port may still be held for a moment.
+                Err(e) if Instant::now() < deadline => {
+                    eprintln!(
+                        "nats-server restart on port {} failed: {e}; retrying",
+                        self.port
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("nats-server could not restart on port {}: {e}", self.port),
+            }
+        }
     }
 
     /// Kills the server at once and reaps it.
