@@ -5,9 +5,10 @@
 //! relay between publishing and writing the results.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_relay::sink::Outcome;
+use outbox_relay::sink::{Outcome, SinkHandle};
 
 use crate::support::nats::NatsServer;
 use crate::support::process::{RelayProc, relay_command, run_to_end, until, write_config};
@@ -55,11 +56,10 @@ async fn check_config(outbox: &Outbox, config: &Path) -> (i32, String, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rows_are_published_with_their_subject_body_and_msg_id_once() {
-    let Some(nats) = NatsServer::start().await else {
-        return;
-    };
+/// A server with stream ORDERS on `orders.>` and a sink `events` publishing to
+/// `orders.created`, expecting ORDERS.
+async fn orders() -> Option<(NatsServer, Arc<SinkHandle>)> {
+    let nats = NatsServer::start().await?;
     nats.create_stream("ORDERS", &["orders.>"], None).await;
     let sink = sink_from_toml(
         &config(
@@ -68,6 +68,14 @@ async fn rows_are_published_with_their_subject_body_and_msg_id_once() {
         ),
         "events",
     );
+    Some((nats, sink))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_published_with_their_subject_body_and_msg_id_once() {
+    let Some((nats, sink)) = orders().await else {
+        return;
+    };
     for id in 1..=3 {
         let o = sink
             .sink
@@ -190,17 +198,9 @@ async fn no_stream_or_another_stream_is_a_configuration_error_and_a_big_row_fail
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_outage_is_retried_and_the_row_goes_after_the_restart() {
-    let Some(mut nats) = NatsServer::start().await else {
+    let Some((mut nats, sink)) = orders().await else {
         return;
     };
-    nats.create_stream("ORDERS", &["orders.>"], None).await;
-    let sink = sink_from_toml(
-        &config(
-            &nats.url(),
-            "subject = \"orders.created\"\nstream = \"ORDERS\"",
-        ),
-        "events",
-    );
     let send = |id: i64| {
         let sink = sink.clone();
         async move { sink.sink.deliver(&delivery(id, None, "{}", 0)).await }

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 
-use super::process::free_port;
+use super::process::start_on_free_port;
 use super::services_required;
 
 /// The admin user of servers started with [`NatsServer::start_with_users`].
@@ -96,19 +96,12 @@ impl NatsServer {
             admin,
             dir,
         };
-        // Another process may take the port between our probe and the server's bind.
-        let mut err = String::new();
-        for _ in 0..5 {
-            server.port = free_port();
-            match server.spawn_and_wait().await {
-                Ok(()) => return Some(server),
-                Err(e) => {
-                    eprintln!("nats-server failed to start ({e}); trying another port");
-                    err = e;
-                }
-            }
-        }
-        panic!("nats-server did not start: {err}");
+        start_on_free_port("nats-server", async |port| {
+            server.port = port;
+            server.spawn_and_wait().await
+        })
+        .await;
+        Some(server)
     }
 
     /// `nats://127.0.0.1:PORT`.
@@ -218,20 +211,15 @@ impl NatsServer {
     /// kept); panics if it does not answer within 10 s.
     pub async fn restart(&mut self) {
         self.kill();
+        // The port may still be held for a moment after the kill.
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.spawn_and_wait().await {
-                Ok(()) => return,
-                // The port may still be held for a moment.
-                Err(e) if Instant::now() < deadline => {
-                    eprintln!(
-                        "nats-server restart on port {} failed: {e}; retrying",
-                        self.port
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("nats-server could not restart on port {}: {e}", self.port),
-            }
+        while let Err(e) = self.spawn_and_wait().await {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server could not restart on port {}: {e}",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
