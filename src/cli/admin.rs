@@ -330,6 +330,10 @@ pub(super) async fn check_config(s: &Settings) -> Result<(), CliError> {
             retry.max_attempts
         );
     }
+    // Checks a sink can make of its service (a nats sink's `stream`).
+    for line in crate::sink::check_remote(s).await? {
+        say!("{line}");
+    }
     if s.table.is_mapped() {
         check_table(s).await?;
     }

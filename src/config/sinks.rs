@@ -39,7 +39,7 @@ pub struct SinkSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkCommon {
-    /// `webhook`, `fcm`, `alimtalk` or `log`.
+    /// `webhook`, `fcm`, `alimtalk`, `nats` or `log`.
     pub kind: String,
     /// Longest a single delivery may take, connect to last byte.
     #[serde(

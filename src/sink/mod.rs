@@ -14,6 +14,7 @@ pub mod fcm;
 pub mod http;
 mod limits;
 mod log;
+pub mod nats;
 mod spec;
 pub mod webhook;
 
@@ -80,6 +81,17 @@ impl Outcome {
             Outcome::Throttle { .. } => "throttle",
             Outcome::Permanent { .. } => "permanent",
             Outcome::ConfigError { .. } => "config_error",
+        }
+    }
+
+    /// The reason given (empty for [`Outcome::Delivered`]).
+    pub fn reason(&self) -> &str {
+        match self {
+            Outcome::Delivered => "",
+            Outcome::Retry { reason, .. }
+            | Outcome::Throttle { reason, .. }
+            | Outcome::Permanent { reason }
+            | Outcome::ConfigError { reason } => reason,
         }
     }
 }
@@ -176,11 +188,21 @@ impl SinkRegistry {
                 SinkKind::Alimtalk(cfg) => {
                     Arc::new(alimtalk::AlimtalkSink::new(name, cfg, spec.common.timeout)?)
                 }
+                SinkKind::Nats(cfg) => Arc::new(nats::NatsSink::new(
+                    name,
+                    cfg,
+                    spec.common.timeout,
+                    &nats::Defaults::from_settings(settings),
+                )),
             };
             let (max_payload_bytes, payload_limit_key) = match &spec.kind {
                 SinkKind::Webhook(cfg) => {
                     (cfg.max_body_bytes, format!("sinks.{name}.max_body_bytes"))
                 }
+                SinkKind::Nats(cfg) => (
+                    cfg.max_payload_bytes,
+                    format!("sinks.{name}.max_payload_bytes"),
+                ),
                 _ => (
                     DEFAULT_MAX_PAYLOAD_BYTES,
                     format!("the payload limit of sink {name}"),
@@ -229,6 +251,21 @@ impl SinkRegistry {
             .max()
             .unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES)
     }
+}
+
+/// What `check-config` can check of the sinks beyond their keys: a `nats` sink's `stream`
+/// exists (when NATS can be reached). A line for each check made, or the first configuration
+/// error.
+pub async fn check_remote(settings: &Settings) -> Result<Vec<String>, crate::config::ConfigError> {
+    let mut lines = Vec::new();
+    for spec in SinkSpec::all(settings)? {
+        if let SinkKind::Nats(cfg) = &spec.kind {
+            let defaults = nats::Defaults::from_settings(settings);
+            let checked = nats::check_config(&spec.name, cfg, spec.common.timeout, &defaults);
+            lines.extend(checked.await?);
+        }
+    }
+    Ok(lines)
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use super::alimtalk::AlimtalkConfig;
 use super::fcm::FcmConfig;
+use super::nats::NatsConfig;
 use super::webhook::WebhookConfig;
 use crate::config::{ConfigError, Settings, SinkCommon, SinkSettings};
 
@@ -29,6 +30,8 @@ pub enum SinkKind {
     Fcm(FcmConfig),
     /// Kakao Alimtalk through a vendor (NHN Cloud or Solapi).
     Alimtalk(AlimtalkConfig),
+    /// NATS JetStream.
+    Nats(NatsConfig),
 }
 
 impl SinkSpec {
@@ -46,11 +49,12 @@ impl SinkSpec {
             "webhook" => SinkKind::Webhook(WebhookConfig::parse(&prefix, own)?),
             "fcm" => SinkKind::Fcm(FcmConfig::parse(&prefix, own)?),
             "alimtalk" => SinkKind::Alimtalk(AlimtalkConfig::parse(&prefix, own)?),
+            "nats" => SinkKind::Nats(NatsConfig::parse(&prefix, own)?),
             other => {
                 return Err(ConfigError::new(
                     format!("{prefix}.kind"),
                     format!(
-                        "unknown sink kind \"{other}\"; expected webhook, fcm, alimtalk or log"
+                        "unknown sink kind \"{other}\"; expected webhook, fcm, alimtalk, nats or log"
                     ),
                 ));
             }

@@ -5,7 +5,7 @@
 //!
 //! Modules by subject: the store and its SQL ([`store`], [`timezones`], [`pool`]), leases ([`lease`],
 //! [`redis_lease`], [`redlock_lease`], the Java pollers' locks [`java_locks`]), delivery end to end ([`delivery`], [`claim_mode`],
-//! [`bad_input`], [`memory`], [`idle`]), the vendors ([`fcm`], [`alimtalk`]), and operating it
+//! [`bad_input`], [`memory`], [`idle`]), the vendors ([`fcm`], [`alimtalk`], [`nats`]), and operating it
 //! ([`config`], [`admin`], [`http`], [`console`], which also drives a real browser).
 
 #[macro_use]
@@ -29,6 +29,7 @@ mod java_locks;
 mod layering;
 mod lease;
 mod memory;
+mod nats;
 mod packaging;
 mod pool;
 mod redis_lease;

@@ -9,6 +9,7 @@ pub mod config;
 pub mod console;
 pub mod counting;
 pub mod mariadb;
+pub mod nats;
 pub mod postgres;
 pub mod process;
 pub mod receiver;

@@ -54,6 +54,23 @@ pub fn free_port() -> u16 {
     l.local_addr().expect("local address").port()
 }
 
+/// Starts a server of the test's own with `start(port)` on a free port. Another process may
+/// take the port between the probe and the server's bind, so a failed start is tried again on
+/// a fresh port, five times in all; panics naming `what` with the last error.
+pub async fn start_on_free_port(what: &str, mut start: impl AsyncFnMut(u16) -> Result<(), String>) {
+    let mut err = String::new();
+    for _ in 0..5 {
+        match start(free_port()).await {
+            Ok(()) => return,
+            Err(e) => {
+                eprintln!("{what} failed to start ({e}); trying another port");
+                err = e;
+            }
+        }
+    }
+    panic!("{what} did not start: {err}");
+}
+
 /// Writes `text` to the file `name` in `dir` (a test's config file); returns its path.
 pub fn write_config(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use super::process::free_port;
+use super::process::start_on_free_port;
 use super::services_required;
 
 /// One RESP reply.
@@ -109,20 +109,12 @@ impl RedisServer {
             dir,
             log,
         };
-        // Another process may take the port between our probe and redis-server's bind: retry
-        // on a fresh port a few times.
-        let mut err = String::new();
-        for _ in 0..5 {
-            server.port = free_port();
-            match server.spawn_and_wait().await {
-                Ok(()) => return Some(server),
-                Err(e) => {
-                    eprintln!("redis-server failed to start ({e}); trying another port");
-                    err = e;
-                }
-            }
-        }
-        panic!("redis-server did not start: {err}");
+        start_on_free_port("redis-server", async |port| {
+            server.port = port;
+            server.spawn_and_wait().await
+        })
+        .await;
+        Some(server)
     }
 
     /// The port it listens on (kept across restarts).

@@ -162,13 +162,7 @@ pub fn delivery(id: i64, recipient: Option<&str>, payload: &str, attempts: u32) 
 
 /// The outcome's reason (empty for Delivered).
 pub fn reason(o: &Outcome) -> &str {
-    match o {
-        Outcome::Delivered => "",
-        Outcome::Retry { reason, .. }
-        | Outcome::Throttle { reason, .. }
-        | Outcome::Permanent { reason }
-        | Outcome::ConfigError { reason } => reason,
-    }
+    o.reason()
 }
 
 /// One request a fake vendor received.
