@@ -10,6 +10,7 @@
 #     scrapes both and has the alert rules loaded;
 #   - a graceful stop of the holder (SIGTERM) exits 0 and the other relay takes the lease
 #     over, and delivers a row enqueued after that;
+#   - the traffic profile's service inserts rows that are delivered, and stops on SIGTERM;
 #   - `down -v` leaves no container, pod, network or volume of the project.
 #
 #   deploy/verify-compose.sh
@@ -44,9 +45,12 @@ for candidate in "${PODMAN_COMPOSE:-}" podman-compose "python3 -m podman_compose
 done
 [ ${#PC[@]} -gt 0 ] || fail "no podman-compose 1.1 or later: python3 -m pip install 'podman-compose>=1.1' (or set PODMAN_COMPOSE)"
 
-# compose ARGS...: podman-compose on this project; never for more than 2 minutes (a podman
-# that waits for ever must not keep the run, and its cleanup, from ending).
-compose() { timeout 120 "${PC[@]}" -p "$PROJECT" -f "$REPO/docker-compose.yml" "$@"; }
+# compose ARGS...: podman-compose on this project, with the traffic profile's service known
+# (for stop and down); never for more than 2 minutes (a podman that waits for ever must not
+# keep the run, and its cleanup, from ending).
+compose() {
+  timeout 120 "${PC[@]}" -p "$PROJECT" -f "$REPO/docker-compose.yml" --profile traffic "$@"
+}
 # container SERVICE: the name of the service's container.
 container() {
   podman ps -a --filter "label=com.docker.compose.project=$PROJECT" \
@@ -218,6 +222,16 @@ note "a row enqueued after the hand-over was delivered by $standby"
 compose start "$holder" >/dev/null 2>&1
 wait_for 60 "$holder back, standing by" is 0 lease_held "$holder"
 note "$holder started again: ready, standing by"
+
+say "the traffic profile"
+before=$(received)
+compose up -d --no-deps traffic >/dev/null 2>&1 || fail "podman-compose --profile traffic up failed"
+wait_for 30 "two rows of the traffic service delivered" at_least $((before + 2)) received
+t0=$(now_ms)
+compose stop traffic >/dev/null 2>&1
+stop_ms=$(($(now_ms) - t0))
+[ "$(exit_code traffic)" = "0 exited" ] || fail "traffic after SIGTERM: $(exit_code traffic)"
+note "a row every 2s delivered; traffic stopped (exit 0) in $((stop_ms / 1000)).$(printf '%03d' $((stop_ms % 1000)))s"
 
 say "podman-compose down -v"
 VOLUMES=$(project_volumes)
