@@ -9,7 +9,8 @@
 #   - exactly one relay holds the Redis lease (/metrics of both, from the host); Prometheus
 #     scrapes both and has the alert rules loaded;
 #   - a graceful stop of the holder (SIGTERM) exits 0 and the other relay takes the lease
-#     over, and delivers a row enqueued after that;
+#     over, and delivers a row enqueued after that; after a SIGKILL of the holder the other
+#     takes it over within lease.ttl;
 #   - the traffic profile's service inserts rows that are delivered, and stops on SIGTERM;
 #   - `down -v` leaves no container, pod, network or volume of the project.
 #
@@ -222,6 +223,13 @@ note "a row enqueued after the hand-over was delivered by $standby"
 compose start "$holder" >/dev/null 2>&1
 wait_for 60 "$holder back, standing by" is 0 lease_held "$holder"
 note "$holder started again: ready, standing by"
+# A crash: SIGKILL, no release. The standby takes over when the key's TTL runs out
+# (lease.ttl = 10s in deploy/compose-relay.toml).
+t0=$(now_ms)
+podman kill -s KILL "$(container "$standby")" >/dev/null
+wait_for 20 "$holder taking the lease over after $standby was killed" is 1 lease_held "$holder"
+kill_ms=$(($(now_ms) - t0))
+note "$standby killed (SIGKILL): $holder held the lease $((kill_ms / 1000)).$(printf '%03d' $((kill_ms % 1000)))s later (lease.ttl 10s)"
 
 say "the traffic profile"
 before=$(received)
