@@ -5,7 +5,8 @@
 #   - the one-shot migrate and seed finish with exit code 0;
 #   - the demo receiver gets signed deliveries (it checks each signature), order-1001 in
 #     order, the flaky row refused once with 503 and then delivered, the 410 row FAILED
-#     (`outbox-relay status` and `failed`, run in a relay container);
+#     (`outbox-relay status` and `failed`, run in a relay container), and `requeue` sends it
+#     again;
 #   - exactly one relay holds the Redis lease (/metrics of both, from the host); Prometheus
 #     scrapes both and has the alert rules loaded;
 #   - a graceful stop of the holder (SIGTERM) exits 0 and the other relay takes the lease
@@ -175,6 +176,13 @@ wait_for 30 "status: FAILED demo 1, SUCCESS demo 5, SUCCESS log 1" status_ok
 compose exec -T relay-1 outbox-relay failed 2>/dev/null | grep -q 410 ||
   fail "outbox-relay failed does not show the 410 row"
 note "outbox-relay status (exec in relay-1): SUCCESS demo 5, SUCCESS log 1, FAILED demo 1; failed shows the 410"
+compose exec -T relay-1 outbox-relay requeue --id 6 --dry-run 2>/dev/null |
+  grep -q '^would requeue 1 FAILED row' || fail "requeue --id 6 --dry-run does not offer the 410 row"
+compose exec -T relay-1 outbox-relay requeue --id 6 2>/dev/null | grep -q '^requeued 1 FAILED row' ||
+  fail "requeue --id 6 did not requeue the 410 row"
+refused_410() { receiver_events | grep -c '"status": 410' || true; }
+wait_for 30 "the requeued row sent again (and refused again with 410)" is 2 refused_410
+note "requeue --id 6 (--dry-run first): the row was sent again and refused again with 410"
 
 say "the lease, the metrics and Prometheus"
 lease_held() { curl -sf --max-time 2 "http://127.0.0.1:${PORT[$1]}/metrics" | sed -n 's/^outbox_relay_lease_held //p'; }
