@@ -8,7 +8,7 @@
 #
 # The final image holds one binary, the C library it links against (glibc, libm, libgcc_s),
 # the CA bundle, and nothing else worth attacking: no shell, no package manager, no setuid
-# program (about 20 MB). It runs as uid/gid 10001 and works with a read-only root filesystem:
+# program (about 23 MB). It runs as uid/gid 10001 and works with a read-only root filesystem:
 # - PostgreSQL / MySQL / MariaDB: the relay writes nothing to disk; no writable path is needed.
 # - SQLite (the built-in default, `outbox-relay.db` in the working directory): the working
 #   directory is /data, declared as a volume; mount a writable volume there.
