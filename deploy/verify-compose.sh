@@ -11,7 +11,7 @@
 #     scrapes both and has the alert rules loaded;
 #   - a graceful stop of the holder (SIGTERM) exits 0 and the other relay takes the lease
 #     over, and delivers a row enqueued after that; after a SIGKILL of the holder the other
-#     takes it over within lease.ttl;
+#     takes it over once the Redis key's TTL (lease.ttl) runs out;
 #   - the traffic profile's service inserts rows that are delivered, and stops on SIGTERM;
 #   - `down -v` leaves no container, pod, network or volume of the project.
 #
