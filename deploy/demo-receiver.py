@@ -19,7 +19,9 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -42,11 +44,18 @@ def load_key():
 KEY = load_key()
 SEEN = set()
 FLAKY = {}
+# Requests are handled on several threads. Each line goes out in one write, under a lock:
+# print() writes the line and its newline separately, and lines of two threads interleaved
+# ({...}{...} and then two newlines).
+LOG_LOCK = threading.Lock()
 
 
 def log(**fields):
     fields["ts"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    print(json.dumps(fields, sort_keys=True), flush=True)
+    line = json.dumps(fields, sort_keys=True) + "\n"
+    with LOG_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def signature_ok(msg_id, timestamp, body, header):
@@ -124,6 +133,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
+    # In a container this is PID 1, which the kernel gives no default action for SIGTERM:
+    # without a handler `docker compose stop` waits its 10 seconds and then kills it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     port = int(os.environ.get("PORT", "8080"))
     server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
     log(event="listening", port=port, signed=KEY is not None)
