@@ -2,6 +2,7 @@
 //! tasks) and what it remembers between claim rounds, with one method per step of a round
 //! (the loop itself is drawn at the top of `relay/mod.rs`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -357,11 +358,15 @@ impl ClaimLoop {
         full
     }
 
-    /// 4. One delivery task per row; each holds one in-flight slot.
+    /// 4. One delivery task per run: the rows of an ordering key claimed together are sent
+    ///    one after another, each only once the one before it was delivered; every other row
+    ///    is a run of its own. Each row holds one in-flight slot.
     fn hand_out(&mut self, rows: Vec<ClaimedRow>, req: &ClaimRequest, claimed_at: Instant) {
         let ttl = self.relay.settings.claim_ttl;
         let deadline = claimed_at + ttl - drift(ttl);
         let epoch = req.fence.as_ref().map(|f| f.epoch);
+        let mut runs: Vec<Vec<Job>> = Vec::new();
+        let mut by_key: HashMap<String, usize> = HashMap::new();
         for row in rows {
             let Ok(permit) = self.slots.clone().try_acquire_owned() else {
                 // Cannot happen: only this loop takes slots and it claimed no more than were
@@ -377,7 +382,7 @@ impl ClaimLoop {
                 // Released by the delivery once it holds the sink's slot.
                 sink.queued.fetch_add(1, Ordering::Relaxed);
             }
-            let dispatcher = self.dispatcher.clone();
+            let key = row.ordering_key.clone();
             let job = Job {
                 row,
                 token: req.token.clone(),
@@ -386,8 +391,22 @@ impl ClaimLoop {
                 deadline,
                 slot: Some(permit),
             };
+            // Rows come in id order, so a key's run is in id order too.
+            match key.and_then(|k| match by_key.get(&k) {
+                Some(&i) => Some(i),
+                None => {
+                    by_key.insert(k, runs.len());
+                    None
+                }
+            }) {
+                Some(i) => runs[i].push(job),
+                None => runs.push(vec![job]),
+            }
+        }
+        for run in runs {
+            let dispatcher = self.dispatcher.clone();
             self.deliveries
-                .spawn(async move { dispatcher.deliver(job).await });
+                .spawn(async move { dispatcher.deliver_run(run).await });
         }
     }
 

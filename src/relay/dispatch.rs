@@ -56,9 +56,52 @@ pub struct Job {
 }
 
 impl Dispatcher {
-    /// Delivers one row and records its result.
-    pub async fn deliver(&self, mut job: Job) {
+    /// Delivers the rows of one ordering key claimed together (a run, in id order), one after
+    /// another: a row is sent only once the one before it was delivered; after any other
+    /// result the rest go back unsent, no attempt counted (docs/design.md, "Sending"). A row
+    /// of no key, or the only one of its key, is a run of one.
+    pub async fn deliver_run(&self, jobs: Vec<Job>) {
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
+            if !self.deliver(job).await {
+                for rest in jobs {
+                    self.hold_back(rest);
+                }
+                return;
+            }
+        }
+    }
+
+    /// A row of a run behind one that was not delivered: back in the table unsent.
+    fn hold_back(&self, mut job: Job) {
+        // It was counted in its sink's queue when it was claimed.
+        if job.row.undeliverable.is_none()
+            && let Some(sink) = self.sinks.get(&job.row.delivery.channel)
+        {
+            sink.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        tracing::debug!(
+            id = job.row.delivery.id,
+            "row given back unsent: an earlier row of its key was not delivered"
+        );
+        self.recorder.record(
+            Completion {
+                id: job.row.delivery.id,
+                token: job.token.clone(),
+                resolution: Resolution::Release {
+                    delay: Duration::ZERO,
+                    error: None,
+                },
+            },
+            job.row.ordering_key.is_some(),
+            job.slot.take(),
+        );
+    }
+
+    /// Delivers one row and records its result; true when it was delivered.
+    pub async fn deliver(&self, mut job: Job) -> bool {
         let resolution = self.attempt(&job).await;
+        let delivered = resolution == Resolution::Delivered;
         if let Some(sink) = self.sinks.get(&job.row.delivery.channel)
             && sink.hungry.load(Ordering::Relaxed)
         {
@@ -73,6 +116,7 @@ impl Dispatcher {
             job.row.ordering_key.is_some(),
             job.slot.take(),
         );
+        delivered
     }
 
     /// Why the row may not be sent now, if it may not (G4).

@@ -320,18 +320,6 @@ impl SqlStore {
     pub fn hold_full_walks(&self, period: Duration) {
         self.claims.hold_full_walks(period);
     }
-
-    /// A short walk makes the next picks of its channel windowed however fast it was.
-    #[doc(hidden)]
-    pub fn window_every_short_walk(&self) {
-        self.claims.window_every_short_walk();
-    }
-
-    /// How many claims had a windowed pick.
-    #[doc(hidden)]
-    pub fn windowed_claims(&self) -> u64 {
-        self.claims.windowed_claims()
-    }
 }
 
 impl Queue for SqlStore {

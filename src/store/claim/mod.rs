@@ -1,91 +1,209 @@
-//! Claiming rows (docs/design.md, "Claims"): which picks a claim makes (`plan.rs`), what each
-//! pick selects (`picks.rs`), where picks start (`cursor.rs`, "Floors") and how far they look
-//! (`window.rs`), what a claim returns and how each row is decoded (`returned.rs`), the
-//! `UPDATE ... RETURNING` claim (`returning.rs`) and the idle read (`probe.rs`). How a claim
-//! is written on each database (its fence, its locks, a transaction where there is no
-//! `UPDATE ... RETURNING`) is that database's [`ClaimSql`].
+//! Claiming rows (docs/design.md, "Claims"). A claim is two statements:
 //!
-//! Guarantees (G1, G2): a claim takes only due rows that are not under a live claim and are
-//! the head of their ordering key, in id order, and (with a fence) only while the lease epoch
-//! is still the claimer's; with budgets it takes at most each channel's budget, so one
-//! channel's backlog never fills the relay while another's rows wait; a claimed row carries a
-//! fresh claim token and a `claimed_until` on the database clock.
+//! 1. a plain read of the plan's parts (`plan.rs`, `read.rs`): per channel a window of its
+//!    oldest unfinished rows above the floor (and some claims one of its newest), per
+//!    ordering key this store just freed the key's first unfinished rows, and the rows of
+//!    channels no sink serves; each bounded, each through an index of unfinished rows;
+//! 2. the claim of the rows chosen from it (`choose.rs`), by id, rechecked by the database
+//!    (each database's [`ClaimSql::claim_ids`]).
+//!
+//! Then the floors learn how far each window looked (`cursor.rs`), and a key's run that lost a
+//! row between the two statements gives back the rows behind the gap.
+//!
+//! Guarantees (G1, G2): a claim takes only unfinished rows that are due and not under a live
+//! claim, and a row of an ordering key only when every earlier unfinished row of its key is
+//! taken by the same claim (a *run*: the head and the rows right behind it), in id order;
+//! with a fence, only while the lease epoch is still the claimer's; at most each channel's
+//! budget. The database rechecks all of it in the claim statement, so what the read saw can
+//! only make a claim take fewer rows, never a row it may not take. A claim's cost does not
+//! grow with the rows queued behind ordering keys: no part reads more than a few times its
+//! share of rows.
 
+pub mod choose;
 pub mod cursor;
-pub mod picks;
 pub mod plan;
-pub mod probe;
+pub mod read;
 pub mod returned;
-pub mod returning;
-pub mod window;
 
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::time::Duration;
 
+use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use self::cursor::{Cursors, Floors};
-use self::picks::{OpenColumns, Picker};
-use self::plan::newest_share;
+use self::choose::{Candidate, Choice, choose};
+use self::cursor::Cursors;
+use self::plan::{KeyRef, Part, budgets};
+
 use self::returned::to_claimed;
-use self::window::Windows;
 use crate::BoxFuture;
 use crate::store::db::Db;
-use crate::store::model::{Budgets, ClaimRequest, ClaimedRow, Completion, Probe};
+use crate::store::model::{ClaimRequest, ClaimedRow, Completion, Probe};
+use crate::store::sql::Sql;
+
+/// How many rows of an ordering key one claim takes at most (its run): the relay sends them
+/// one after another, so a key moves as fast as its receiver accepts rows, not at one row
+/// per claim and result write.
+pub const RUN: u32 = 16;
+
+/// How many reads one claim makes at most: the first, and the next windows of channels whose
+/// windows held no room-filling rows (see [`read_on`]).
+const READS: usize = 4;
+
+/// How many times one claim claims at most: again when rows it chose were taken by another
+/// claim meanwhile (claimers that read at the same moment read the same rows), from the rest
+/// of what it read.
+const ROUNDS: usize = 3;
+
+/// Nothing claimable now, and no promise about later.
+pub const NOTHING: Probe = Probe::Nothing {
+    quiet_for: Duration::ZERO,
+};
 
 /// How claims are written on one database (one per store: it may keep state of its own).
 pub trait ClaimSql: Send + Sync {
-    /// One claim (a statement, or one short transaction) of `req`'s picks from `floors`: the
-    /// claimed rows, as [`returned::select_list`] returns them, in no order.
-    fn claim_rows<'a>(
+    /// The `FROM ... LIMIT` that reads up to `rows` unfinished rows `o` of `channel` in id
+    /// order above `from` (or its newest `rows`, newest first), through the index of
+    /// unfinished rows by channel. It may return rows of another channel after the
+    /// channel's own (they are left out). By default a plain equality on the channel.
+    fn channel_rows(
+        &self,
+        db: &Db,
+        channel: &str,
+        from: Option<i64>,
+        rows: u32,
+        newest: bool,
+    ) -> Sql {
+        plain_channel_rows(db, channel, from, rows, newest)
+    }
+
+    /// The `FROM ... LIMIT` that reads the first `rows` unfinished rows `o` of `key`'s
+    /// ordering key, in id order, through the index of unfinished rows by key. It may return
+    /// rows of another key after the key's own (they are left out). By default a plain
+    /// equality with the key's text.
+    fn key_rows(&self, db: &Db, key: &KeyRef, rows: u32) -> Sql {
+        let c = db.cols();
+        let k = c.ordering_key.as_deref().unwrap_or("NULL");
+        let mut q = Sql::new(&format!(" FROM {} o WHERE o.{k} = ", db.table()));
+        q.text(&key.key).push(&format!(
+            " AND {} ORDER BY o.{} LIMIT {rows}",
+            c.open("o."),
+            c.id
+        ));
+        q
+    }
+
+    /// The `FROM ... LIMIT` that reads up to `rows` rows `o` that meet `claimable`, of every
+    /// channel strictly between `above` and `below` (unbounded where `None`), oldest first
+    /// within a channel.
+    fn unserved_rows(
+        &self,
+        db: &Db,
+        above: Option<&str>,
+        below: Option<&str>,
+        rows: u32,
+        claimable: &str,
+    ) -> Sql {
+        let c = db.cols();
+        let channel = c.channel("o.");
+        let mut q = Sql::new(&format!(" FROM {} o WHERE {claimable}", db.table()));
+        if let Some(above) = above {
+            q.push(&format!(" AND {channel} > ")).text(above);
+        }
+        if let Some(below) = below {
+            q.push(&format!(" AND {channel} < ")).text(below);
+        }
+        q.push(&format!(" ORDER BY {channel}, o.{} LIMIT {rows}", c.id));
+        q
+    }
+
+    /// The id of the nearest earlier unfinished row of row `a`'s ordering key, NULL when it
+    /// has none (it is the head): an expression. Only asked where the table has a key.
+    fn earlier(&self, db: &Db, a: &str) -> String {
+        let (t, c) = (db.table(), db.cols());
+        let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
+        format!(
+            "(SELECT MAX(p.{id}) FROM {t} p WHERE p.{k} = {a}{k} AND {} AND p.{id} < {a}{id})",
+            c.open("p.")
+        )
+    }
+
+    /// Claims those of `ids` that are still claimable for `req` ([`claimable_among`]; with a
+    /// fence, only while it holds), returning the claimed rows' select list
+    /// ([`returned::select_list`]), in no order.
+    fn claim_ids<'a>(
         &'a self,
         db: &'a Db,
         req: &'a ClaimRequest,
-        floors: &'a Floors,
+        ids: &'a [i64],
     ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>>;
 
-    /// The columns the picks filter on (see [`OpenColumns`]).
-    fn open_columns(&self, _db: &Db) -> OpenColumns {
-        OpenColumns::default()
-    }
-
-    /// Whether any unfinished row may be due at all, asked before the idle read reads the
-    /// picks: an index-only check where reading the picks would read every waiting row.
-    /// "No" must never hide a claimable row; "yes" promises nothing. By default "yes".
+    /// Whether any unfinished row may be due at all, asked before an idle read: an
+    /// index-only check where reading the windows would read every waiting row. "No" must
+    /// never hide a claimable row; "yes" promises nothing. By default "yes".
     fn maybe_due<'a>(&'a self, _db: &'a Db) -> BoxFuture<'a, anyhow::Result<bool>> {
         Box::pin(async { Ok(true) })
     }
 
-    /// Whether the idle read takes the rows of other channels in any order (rather than by
-    /// id): any row will do there.
-    fn any_order(&self) -> bool {
-        false
-    }
-
-    /// Whether anything is claimable for `req` from `floors` (the idle read). By default
-    /// [`ClaimSql::maybe_due`], then one read of the picks that stops at the first row.
-    fn probe<'a>(
-        &'a self,
-        db: &'a Db,
-        req: &'a ClaimRequest,
-        floors: &'a Floors,
-    ) -> BoxFuture<'a, anyhow::Result<Probe>> {
-        Box::pin(async move {
-            if !self.maybe_due(db).await? {
-                return Ok(probe::NOTHING);
-            }
-            let picker = Picker::new(db, self.open_columns(db));
-            let picks = probe::picks(req, self.any_order());
-            probe::run_any_row(db, probe::any_row(db, &picker, picks, req, floors)).await
-        })
+    /// Milliseconds until the earliest unfinished row is due (NULL when none is unfinished),
+    /// an expression the idle read adds on a database whose inserts are announced, so that an
+    /// idle relay can sleep until then (see `Probe::Nothing`). By default none: no promise.
+    fn quiet_ms(&self, _db: &Db) -> Option<String> {
+        None
     }
 }
 
-/// One store's claims: the database's way of writing them, and the floors and windows that
-/// say where its picks start and how far they look.
+/// [`ClaimSql::channel_rows`] by a plain equality on the channel.
+pub fn plain_channel_rows(
+    db: &Db,
+    channel: &str,
+    from: Option<i64>,
+    rows: u32,
+    newest: bool,
+) -> Sql {
+    let c = db.cols();
+    let mut q = Sql::new(&format!(
+        " FROM {} o WHERE {} = ",
+        db.table(),
+        c.channel("o.")
+    ));
+    q.text(channel).push(&format!(" AND {}", c.open("o.")));
+    if let Some(from) = from {
+        q.push(&format!(" AND o.{} > ", c.id)).int(from);
+    }
+    let desc = if newest { " DESC" } else { "" };
+    q.push(&format!(" ORDER BY o.{}{desc} LIMIT {rows}", c.id));
+    q
+}
+
+/// The condition that row `o` is claimable by a claim of `ids` (written with `in_ids`, the
+/// database's test that an expression is one of them): unfinished, due, under no live claim,
+/// and either the head of its ordering key or right behind a row of the same claim.
+pub fn claimable_among(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> String) -> String {
+    let (s, c) = (db.syntax(), db.cols());
+    let keyed = match &c.ordering_key {
+        Some(k) => {
+            let earlier = sql.earlier(db, "o.");
+            format!(
+                " AND (o.{k} IS NULL OR {earlier} IS NULL OR {})",
+                in_ids(&earlier)
+            )
+        }
+        None => String::new(),
+    };
+    format!(
+        "{} AND {} AND (o.claimed_until IS NULL OR o.claimed_until < {}){keyed}",
+        c.open("o."),
+        c.due("o.", s),
+        s.now()
+    )
+}
+
+/// One store's claims: the database's way of writing them, and the floors and keys that say
+/// where its reads start.
 pub struct Claims {
     sql: Box<dyn ClaimSql>,
     cursors: Cursors,
-    windows: Windows,
 }
 
 impl Claims {
@@ -93,137 +211,116 @@ impl Claims {
         Claims {
             sql,
             cursors: Cursors::default(),
-            windows: Windows::default(),
         }
     }
 
-    /// The claim (`Queue::claim`): the picks, windowed where [`Windows::plan`] says; a second
-    /// statement for the channels whose window may have hidden rows; the rows decoded, in id
-    /// order, and recorded in the floors.
+    /// The claim (`Queue::claim`): the read, the choice, the claim of the chosen rows, in id
+    /// order, recorded in the floors.
     pub async fn claim(&self, db: &Db, req: &ClaimRequest) -> anyhow::Result<Vec<ClaimedRow>> {
-        // No row may be taken: no statement (an empty set of picks is not valid SQL).
+        // No row may be taken: no statement (an empty set of parts is not valid SQL).
         if req.asks_for_nothing() {
             return Ok(Vec::new());
         }
-        let mut floors = self.cursors.plan();
-        let started = Instant::now();
-        if let Some(b) = &req.budgets {
-            let channels = b.channels.iter().map(|(c, _)| c);
-            floors.windowed = self.windows.plan(channels, &floors, started);
+        let planned = self.cursors.plan(req);
+        let _writing = db.writing().await;
+        let mut left = budgets(req);
+        let mut found = self.read_all(db, &planned.parts, &left).await?;
+        let mut claimed: Vec<ClaimedRow> = Vec::new();
+        let mut choice = Choice::default();
+        let mut chose_any = false;
+        for _ in 0..ROUNDS {
+            choice = choose(&found, &left, RUN);
+            if choice.ids.is_empty() {
+                break;
+            }
+            chose_any = true;
+            let mut got = decode(&self.sql.claim_ids(db, req, &choice.ids).await?, req);
+            give_back_gaps(db, req, &choice, &mut got).await?;
+            let complete = got.len() == choice.ids.len();
+            // Rows chosen and not got were taken by another claim meanwhile (or stopped being
+            // claimable): the next round chooses from the rest of what was read.
+            forget(&mut found, &choice.ids);
+            spend(&mut left, &got, &choice.newest);
+            claimed.extend(got);
+            if complete {
+                break;
+            }
         }
-        if !floors.windowed.is_empty() {
-            self.windows.count_windowed_claim();
-        }
-        let mut claimed = self.claim_rows(db, req, &floors).await?;
-        if let Some(b) = &req.budgets {
-            let more = self
-                .past_windows(db, req, b, &floors, &claimed, started.elapsed())
-                .await?;
-            claimed.extend(more);
-        }
-        // RETURNING gives no order; delivery order within a batch is id order. A row two
-        // picks found (oldest and newest first) is delivered once.
         claimed.sort_by_key(|r| r.delivery.id);
         claimed.dedup_by_key(|r| r.delivery.id);
-        if let Some(b) = &req.budgets {
-            let picked: Vec<(&str, u32, u32)> = b
-                .channels
-                .iter()
-                .map(|(c, n)| (c.as_str(), *n, newest_share(*n, req.newest)))
-                .collect();
-            self.cursors.claimed(&picked, &claimed);
-        }
+        // A claim that chose rows and got none (a lost fence) says nothing about where the
+        // next one should look.
+        let looked = !(claimed.is_empty() && chose_any);
+        self.cursors.claimed(&choice, &claimed, looked);
         Ok(claimed)
     }
 
-    /// After a claim that took `took`: records each channel's walk, and reads past the window
-    /// of each channel whose windowed pick may have hidden rows (from the same floors: the rows
-    /// the first statement took are under this claim now, and are not taken twice).
-    async fn past_windows(
+    /// The first read of `parts`, and the reads on past windows that held no room-filling
+    /// rows (see [`read_on`]), at most [`READS`] in all.
+    async fn read_all(
         &self,
         db: &Db,
-        req: &ClaimRequest,
-        b: &Budgets,
-        floors: &Floors,
-        claimed: &[ClaimedRow],
-        took: Duration,
-    ) -> anyhow::Result<Vec<ClaimedRow>> {
-        // Per channel walked again: (channel, budget left, rows its oldest pick wanted).
-        let mut again: Vec<(String, u32, usize)> = Vec::new();
-        for (channel, budget) in &b.channels {
-            let wanted = budget.saturating_sub(newest_share(*budget, req.newest)) as usize;
-            let found = of_channel(claimed, channel);
-            if !floors.windowed.contains(channel) {
-                self.windows.walked(channel, found, wanted, took);
-            } else if self.windows.walk_again(channel, found, wanted) {
-                let left = budget.saturating_sub(u32::try_from(found).unwrap_or(u32::MAX));
-                again.push((channel.clone(), left, wanted));
+        parts: &[Part],
+        budgets: &[plan::Budget],
+    ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
+        let mut found = Vec::new();
+        let mut parts = parts.to_vec();
+        for _ in 0..READS {
+            found.extend(self.read(db, &parts).await?);
+            parts = read_on(&choose(&found, budgets, RUN));
+            if parts.is_empty() {
+                break;
             }
-        }
-        if again.is_empty() {
-            return Ok(Vec::new());
-        }
-        let wide = ClaimRequest {
-            budgets: Some(Budgets {
-                channels: again
-                    .iter()
-                    .map(|(c, left, _)| (c.clone(), *left))
-                    .collect(),
-                others: None,
-            }),
-            newest: false,
-            ..req.clone()
-        };
-        let mut whole = floors.clone();
-        whole.windowed.clear();
-        let started = Instant::now();
-        let more = self.claim_rows(db, &wide, &whole).await?;
-        let took = started.elapsed();
-        for (channel, _, wanted) in &again {
-            let found = of_channel(claimed, channel) + of_channel(&more, channel);
-            self.windows.walked(channel, found, *wanted, took);
-        }
-        Ok(more)
-    }
-
-    /// One claim statement (or transaction) for `req` from `floors`, its rows decoded.
-    async fn claim_rows(
-        &self,
-        db: &Db,
-        req: &ClaimRequest,
-        floors: &Floors,
-    ) -> anyhow::Result<Vec<ClaimedRow>> {
-        let rows: Vec<AnyRow> = {
-            let _writing = db.writing().await;
-            self.sql.claim_rows(db, req, floors).await?
-        };
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            match to_claimed(row, req) {
-                Ok(r) => claimed.push(r),
-                // Cannot happen with a BIGINT primary key; if it does, the row's claim
-                // expires and the others are still delivered.
-                Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
-            }
-        }
-        Ok(claimed)
-    }
-
-    /// The idle read (`Queue::probe`). It starts from the floors but leaves a full walk that
-    /// is due to the claim after it (see [`Cursors::peek`]).
-    pub async fn probe(&self, db: &Db, req: &ClaimRequest) -> anyhow::Result<Probe> {
-        if req.asks_for_nothing() {
-            return Ok(probe::NOTHING);
-        }
-        let (floors, full_walk) = self.cursors.peek();
-        let found = self.sql.probe(db, req, &floors).await?;
-        if let (Some(at), Probe::Nothing { .. }) = (full_walk, &found) {
-            self.cursors.read_nothing(at);
         }
         Ok(found)
     }
 
-    /// Results were written: floors may drop (see [`Cursors::completed`]).
+    /// The read of `parts`, per part.
+    async fn read(&self, db: &Db, parts: &[Part]) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let q = read::statement(db, &*self.sql, parts);
+        let rows = db.query(q).fetch_all(db.pool()).await?;
+        Ok(read::decode(&rows, parts))
+    }
+
+    /// The idle read (`Queue::probe`): the claim's read, without its claim. It starts from
+    /// the floors but leaves a full walk that is due to the claim after it (see
+    /// [`Cursors::peek`]).
+    pub async fn probe(&self, db: &Db, req: &ClaimRequest) -> anyhow::Result<Probe> {
+        if req.asks_for_nothing() || !self.sql.maybe_due(db).await? {
+            return Ok(NOTHING);
+        }
+        let planned = self.cursors.peek(req);
+        let parts = &planned.parts;
+        let quiet = self.sql.quiet_ms(db);
+        let mut q = read::statement(db, &*self.sql, parts);
+        if let Some(expr) = &quiet {
+            read::add_value(db, &mut q, parts.len(), expr);
+        }
+        let rows = db.query(q).fetch_all(db.pool()).await?;
+        let choice = choose(&read::decode(&rows, parts), &budgets(req), 1);
+        if !choice.ids.is_empty() {
+            return Ok(Probe::Claimable);
+        }
+        if let Some(at) = planned.full_walk {
+            self.cursors.read_nothing(at, &choice);
+        }
+        let quiet_for = match quiet {
+            None => Duration::ZERO,
+            Some(_) => match read::value(&rows, parts.len()) {
+                // Nothing unfinished at all.
+                None => Duration::MAX,
+                // Past (due but not claimable): no promise.
+                Some(ms) => Duration::from_millis(u64::try_from(ms).unwrap_or(0)),
+            },
+        };
+        Ok(Probe::Nothing { quiet_for })
+    }
+
+    /// Results were written: keys and floors learn what became claimable (see
+    /// [`Cursors::completed`]).
     pub fn completed(&self, done: &[Completion]) {
         self.cursors.completed(done);
     }
@@ -232,21 +329,113 @@ impl Claims {
     pub fn hold_full_walks(&self, period: Duration) {
         self.cursors.hold_walks(period);
     }
+}
 
-    /// For tests: see [`Windows::every_short_walk`].
-    pub fn window_every_short_walk(&self) {
-        self.windows.every_short_walk();
-    }
+/// The windows that read all their rows without filling their channel's budget (every row
+/// behind a key, waiting, or taken elsewhere): the next windows of those channels, from where
+/// they stopped, for the same claim. A backlog of rows that wait behind their keys is passed
+/// a window at a time, each read bounded.
+fn read_on(choice: &Choice) -> Vec<Part> {
+    let mut seen: Vec<&choose::Seen> = choice.seen.iter().filter(|s| s.wants_more).collect();
+    // A channel read on more than once: only from the last window's end.
+    seen.sort_by_key(|s| (s.channel.clone(), std::cmp::Reverse(s.settled)));
+    seen.dedup_by_key(|s| s.channel.clone());
+    seen.into_iter()
+        .filter(|s| {
+            !choice
+                .seen
+                .iter()
+                .any(|o| o.channel == s.channel && o.from == s.settled)
+        })
+        .map(|s| Part::Window {
+            channel: s.channel.clone(),
+            from: s.settled,
+            rows: s.asked,
+            newest: false,
+            sweep: false,
+        })
+        .collect()
+}
 
-    /// For tests: how many claims had a windowed pick.
-    pub fn windowed_claims(&self) -> u64 {
-        self.windows.windowed_claims()
+/// Leaves `ids` out of what was read.
+fn forget(found: &mut [(Part, Vec<Candidate>)], ids: &[i64]) {
+    let ids: HashSet<i64> = ids.iter().copied().collect();
+    for (_, rows) in found.iter_mut() {
+        rows.retain(|r| !ids.contains(&r.id));
     }
 }
 
-/// How many of `rows` are of `channel`.
-fn of_channel(rows: &[ClaimedRow], channel: &str) -> usize {
+/// Takes the rows `got` off their channels' budgets (and those of them taken from a newest
+/// window off its share).
+fn spend(budgets: &mut [plan::Budget], got: &[ClaimedRow], newest: &[i64]) {
+    for row in got {
+        if let Some(b) = budgets
+            .iter_mut()
+            .find(|b| b.channel == row.delivery.channel)
+        {
+            b.total = b.total.saturating_sub(1);
+            if newest.contains(&row.delivery.id) {
+                b.newest = b.newest.saturating_sub(1);
+            }
+            b.newest = b.newest.min(b.total);
+        }
+    }
+}
+
+/// The claimed rows, decoded.
+fn decode(rows: &[AnyRow], req: &ClaimRequest) -> Vec<ClaimedRow> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        match to_claimed(row, req) {
+            Ok(r) => claimed.push(r),
+            // Cannot happen with a BIGINT primary key; if it does, the row's claim
+            // expires and the others are still delivered.
+            Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
+        }
+    }
+    claimed
+}
+
+/// A run that lost a row between the read and the claim (another claim took it, it stopped
+/// being due) must not keep the rows behind the gap: they would be sent before it. They are
+/// given back at once (their claim cleared under this claim's token) and left out of
+/// `claimed`.
+async fn give_back_gaps(
+    db: &Db,
+    req: &ClaimRequest,
+    choice: &Choice,
+    claimed: &mut Vec<ClaimedRow>,
+) -> anyhow::Result<()> {
+    let got: HashSet<i64> = claimed.iter().map(|r| r.delivery.id).collect();
+    let mut behind = Vec::new();
+    for run in &choice.runs {
+        if let Some(gap) = run.iter().position(|id| !got.contains(id)) {
+            behind.extend(run[gap..].iter().filter(|id| got.contains(id)));
+        }
+    }
+    if behind.is_empty() {
+        return Ok(());
+    }
+    tracing::debug!(
+        ?behind,
+        "rows behind a row another claim took are given back"
+    );
+    let mut q = Sql::new(&format!(
+        "UPDATE {} SET claimed_by = NULL, claim_token = NULL, claimed_until = NULL WHERE {} IN (",
+        db.table(),
+        db.cols().id
+    ));
+    q.ints(behind.iter().copied())
+        .push(") AND claim_token = ")
+        .text(&req.token);
+    db.query(q).execute(db.pool()).await?;
+    claimed.retain(|r| !behind.contains(&r.delivery.id));
+    Ok(())
+}
+
+/// The ids of `rows` (the first column of a claim's select list).
+pub fn ids_of(rows: &[AnyRow]) -> Vec<i64> {
     rows.iter()
-        .filter(|r| r.delivery.channel == channel)
-        .count()
+        .filter_map(|r| r.try_get::<i64, _>(0).ok())
+        .collect()
 }

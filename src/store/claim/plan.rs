@@ -1,37 +1,27 @@
-//! Which picks a claim makes: per channel budget one pick from its oldest due rows and a share
-//! from its newest, and one for the rows of channels no sink serves (docs/design.md, "Budgets"
-//! and "Oldest first, but not only").
+//! What a claim reads first (docs/design.md, "Claims"): per channel a window of its oldest
+//! unfinished rows above the floor and, some claims, one of its newest; per ordering key this
+//! store has just freed, the key's first unfinished rows; and the rows of channels no sink
+//! serves. Every part is bounded: no read looks at more rows than a few times the budget, so
+//! a claim's cost does not grow with the rows queued behind ordering keys.
 
 use crate::store::model::ClaimRequest;
 
 /// The share of a channel's budget taken newest first (one in eight, at least one row).
 const NEWEST_SHARE: u32 = 8;
 
-/// How many of a channel's newest unfinished rows the newest pick looks at, per row it takes.
+/// How many of a channel's newest unfinished rows a newest window reads, per row it may take.
 pub const NEWEST_WINDOW: u32 = 4;
 
-/// Which end of a channel's due rows a pick starts from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Order {
-    Oldest,
-    Newest,
-    /// Whichever rows the index gives first: for a read that only asks whether any row is
-    /// claimable.
-    Any,
-}
+/// How many of a channel's oldest unfinished rows above its floor a window reads, per row it
+/// may take: room for some rows that are not claimable (waiting, behind their key) without
+/// a second read.
+pub const OLDEST_WINDOW: u32 = 2;
 
-/// Which channels one pick takes.
-#[derive(Clone, Copy, Debug)]
-pub enum Filter<'a> {
-    Channel(&'a str),
-    /// Every channel but these (none: every channel).
-    NotIn(&'a [String]),
-}
+/// A window reads at least this many rows, so that a channel with a small budget still
+/// passes a run of rows that wait behind their keys quickly.
+pub const MIN_WINDOW: u32 = 64;
 
-/// One pick: which channels, how many rows at most, from which end.
-pub type Pick<'a> = (Filter<'a>, u32, Order);
-
-/// How many of a channel's `budget` rows its newest pick takes.
+/// How many of a channel's `budget` rows its newest window takes.
 pub fn newest_share(budget: u32, newest: bool) -> u32 {
     if newest && budget >= 2 {
         (budget / NEWEST_SHARE).max(1)
@@ -40,35 +30,93 @@ pub fn newest_share(budget: u32, newest: bool) -> u32 {
     }
 }
 
-/// The picks of a claim, in the order the statement makes them.
-pub fn plan(req: &ClaimRequest) -> Vec<Pick<'_>> {
-    // Each channel's budget is taken oldest first, but for a share taken newest first:
-    // under a backlog, a row just committed is sent within one claim instead of after
-    // the whole backlog (the order of a channel's rows is not a promise; an ordering
-    // key's is, and only the head of a key is ever claimable). The two picks can meet
-    // when the channel has fewer rows due than its budget; the claim takes such a row once.
+/// An ordering key this store learnt something about: its next rows may be claimable now.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyRef {
+    /// The key as text.
+    pub key: String,
+    /// A row of the key (the one that finished or came due): databases that cannot compare
+    /// a bound text with the key column's type find the key through it.
+    pub row: i64,
+}
+
+/// One part of a claim's read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    /// Up to `rows` unfinished rows of `channel` in id order above `from` (all of them when
+    /// `None`), or its newest `rows` (`newest`).
+    Window {
+        channel: String,
+        from: Option<i64>,
+        rows: u32,
+        newest: bool,
+        /// The part is a full walk's (it starts where the last full walk stopped).
+        sweep: bool,
+    },
+    /// Up to `rows` first unfinished rows of an ordering key, in id order.
+    Key { key: KeyRef, rows: u32 },
+    /// Up to `rows` claimable rows of the channels strictly between `above` and `below`
+    /// (unbounded where `None`), oldest first within a channel: the gaps between the channels
+    /// the sinks serve hold the rows of channels no sink serves (and, for a request without
+    /// budgets, the gaps between the channels it excludes hold every other channel). All
+    /// such parts of a claim share one budget.
+    Others {
+        above: Option<String>,
+        below: Option<String>,
+        rows: u32,
+    },
+}
+
+/// What the claim may take of each channel: its whole budget, of which `newest` from its
+/// newest rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    pub channel: String,
+    pub total: u32,
+    pub newest: u32,
+}
+
+/// The budgets of `req`, per channel.
+pub fn budgets(req: &ClaimRequest) -> Vec<Budget> {
     match &req.budgets {
         Some(b) => b
             .channels
             .iter()
-            .flat_map(|(c, n)| {
-                let newest = newest_share(*n, req.newest);
-                [
-                    (Filter::Channel(c), n - newest, Order::Oldest),
-                    (Filter::Channel(c), newest, Order::Newest),
-                ]
+            .filter(|(_, n)| *n > 0)
+            .map(|(c, n)| Budget {
+                channel: c.clone(),
+                total: *n,
+                newest: newest_share(*n, req.newest),
             })
-            .filter(|(_, n, _)| *n > 0)
-            .chain(
-                b.others
-                    .iter()
-                    .map(|(known, n)| (Filter::NotIn(known), *n, Order::Oldest)),
-            )
             .collect(),
-        None => vec![(
-            Filter::NotIn(&req.exclude_channels),
-            req.limit,
-            Order::Oldest,
-        )],
+        None => Vec::new(),
     }
+}
+
+/// The window size for an oldest share of `rows`.
+pub fn oldest_window(rows: u32) -> u32 {
+    rows.saturating_mul(OLDEST_WINDOW).max(MIN_WINDOW)
+}
+
+/// The parts that read the channels outside `known` (sorted here), `rows` in all.
+pub fn gaps(known: &[String], rows: u32) -> Vec<Part> {
+    let mut known: Vec<&String> = known.iter().collect();
+    known.sort();
+    known.dedup();
+    let mut out = Vec::with_capacity(known.len() + 1);
+    let mut above: Option<String> = None;
+    for k in known {
+        out.push(Part::Others {
+            above: above.clone(),
+            below: Some(k.clone()),
+            rows,
+        });
+        above = Some(k.clone());
+    }
+    out.push(Part::Others {
+        above,
+        below: None,
+        rows,
+    });
+    out
 }

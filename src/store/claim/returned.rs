@@ -85,10 +85,6 @@ enum Col {
     Classes,
 }
 
-/// How many columns a claim's select list has (see [`select_list`]): a claim
-/// may add its own after them.
-pub const RETURNED_COLUMNS: usize = Col::ALL.len();
-
 impl Col {
     const ALL: [Col; 9] = [
         Col::Id,

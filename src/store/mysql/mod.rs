@@ -28,6 +28,10 @@ impl Syntax for MySql {
         format!("`{}`", name.replace('`', "``"))
     }
 
+    fn integer_type(&self) -> &'static str {
+        "SIGNED"
+    }
+
     fn now(&self) -> &'static str {
         "NOW(6)"
     }

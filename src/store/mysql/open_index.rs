@@ -9,7 +9,6 @@
 //! on MariaDB 10.11 with 200,000 SUCCESS rows: 200,004 index reads per claim before, 4 after;
 //! docs/design.md, "MySQL indexes").
 
-use crate::store::claim::picks::OpenColumns;
 use crate::store::db::Db;
 
 /// The virtual column holding the channel of unfinished rows.
@@ -20,21 +19,6 @@ pub const OPEN_KEY: &str = "open_key";
 /// The index `name` (`open_idx`, `open_key_idx`, `failed_idx`) of `table`.
 pub fn index(table: &str, name: &str) -> String {
     format!("{table}_{name}")
-}
-
-/// What the picks filter on, and the hint that keeps the optimizer from walking the primary
-/// key over every finished row for the sake of `ORDER BY id`.
-pub fn open_columns(db: &Db) -> OpenColumns {
-    let t = db.table();
-    OpenColumns {
-        channel: Some(OPEN_CHANNEL.to_string()),
-        key: db
-            .cols()
-            .ordering_key
-            .as_ref()
-            .map(|_| OPEN_KEY.to_string()),
-        hint: format!("FORCE INDEX ({})", index(t, "open_idx")),
-    }
 }
 
 /// The relay's own table, read through `open_idx`, which holds `open_channel`, `id`,

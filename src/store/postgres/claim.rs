@@ -1,118 +1,159 @@
 //! PostgreSQL's claims, idle reads and result writes.
 //!
-//! - The claim is one `UPDATE ... RETURNING`: in leader mode a `fence` CTE takes one shared
-//!   lock on the lease row for the whole statement (a new holder's epoch bump waits for the
-//!   claim, and later claims of the old holder see the bump); each pick locks the rows it
-//!   takes with `FOR UPDATE OF o SKIP LOCKED`, so claimers never wait on each other; the
-//!   picked ids go to the `UPDATE` as one array, looked up in the primary key, the same plan
-//!   whatever the picks' estimate (docs/design.md, "Generic plans").
+//! PostgreSQL has no index hints, and its planner, estimating from statistics that cannot
+//! see how a queue's finished rows sit at the low end of the primary key, would walk the
+//! primary key over them (docs/design.md, "Claims on PostgreSQL"). So every read is written
+//! so that only the intended index can serve it: an order by `(channel, id)` or `(key, id)`
+//! that no other index provides, bounded by row comparisons (`(channel, id) > (?, ?)`) the
+//! primary key cannot use. A window may then run into the next channel's (or key's) rows;
+//! those are left out by the choice.
+//!
+//! - The claim is one `UPDATE ... RETURNING` of the chosen ids, rechecked in a subquery that
+//!   locks the rows it takes with `FOR UPDATE OF o SKIP LOCKED` (claimers never wait on each
+//!   other); in leader mode a `fence` CTE holds one shared lock on the lease row for the whole
+//!   statement (a new holder's epoch bump waits for the claim, and later claims of the old
+//!   holder see the bump). The ids travel as one text parameter, so the statement's text is
+//!   the same for any number of rows and is planned once per connection.
 //! - The idle read also says how long until the earliest unfinished row is due, so that an
-//!   idle relay whose inserts are announced by NOTIFY can sleep until then (docs/design.md,
-//!   "Idle cost").
+//!   idle relay whose inserts are announced by NOTIFY can sleep until then.
 //! - A delivered result for many rows is one statement whose text does not depend on their
 //!   number; other results name each id once more outside the tokens' `OR`, for the primary
 //!   key (docs/design.md, "No bitmap scans").
 
-use std::time::Duration;
-
-use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::Postgres;
 use crate::BoxFuture;
-use crate::store::claim::ClaimSql;
-use crate::store::claim::cursor::Floors;
-use crate::store::claim::picks::{PickFence, Picker};
-use crate::store::claim::plan::plan;
-use crate::store::claim::probe::any_row;
-use crate::store::claim::returning::{self, ReturningForm};
+use crate::store::claim::plan::KeyRef;
+use crate::store::claim::returned::select_list;
+use crate::store::claim::{ClaimSql, claimable_among, plain_channel_rows};
 use crate::store::db::Db;
-use crate::store::model::{ClaimRequest, Completion, Fence, Probe};
+use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
 use crate::store::sql::Sql;
 
 /// Most unfinished rows an idle read looks at to say when the next one is due.
 const QUIET_SCAN: u32 = 1000;
 
-impl ReturningForm for Postgres {
-    fn fence(&self, q: &mut Sql, f: &Fence) -> PickFence {
-        q.push("fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
-            .text(&f.lease)
-            .push(" AND epoch = ")
-            .int(f.epoch)
-            .push(" FOR SHARE), ");
-        PickFence::Cte
-    }
-
-    fn lock(&self) -> &'static str {
-        "FOR UPDATE OF o SKIP LOCKED"
-    }
-
-    fn target(&self) -> &'static str {
-        "u"
-    }
-
-    /// The picked ids as one array, looked up in the primary key. (Joined to the picks
-    /// instead, the generic plan, which assumes a `LIMIT $n` keeps a tenth of the rows,
-    /// hashed the whole table.)
-    fn picked(&self, id: &str, picked: &str) -> String {
-        format!("{id} = ANY(ARRAY({picked}))")
-    }
-}
-
 impl ClaimSql for Postgres {
-    fn claim_rows<'a>(
+    fn channel_rows(
+        &self,
+        db: &Db,
+        channel: &str,
+        from: Option<i64>,
+        rows: u32,
+        newest: bool,
+    ) -> Sql {
+        let c = db.cols();
+        // A constant channel (a mapped table without a channel column): the index of
+        // unfinished rows is by id alone.
+        let Some(ch) = c.channel_column() else {
+            return plain_channel_rows(db, channel, from, rows, newest);
+        };
+        let (t, id) = (db.table(), &c.id);
+        let mut q = Sql::new(&format!(" FROM {t} o WHERE (o.{ch}, o.{id}) "));
+        if newest {
+            q.push("< (").text(channel).push(", ").int(i64::MAX);
+        } else {
+            q.push("> (")
+                .text(channel)
+                .push(", ")
+                .int(from.unwrap_or(i64::MIN));
+        }
+        let desc = if newest { " DESC" } else { "" };
+        q.push(&format!(
+            ") AND {} ORDER BY o.{ch}{desc}, o.{id}{desc} LIMIT {rows}",
+            c.open("o.")
+        ));
+        q
+    }
+
+    fn key_rows(&self, db: &Db, key: &KeyRef, rows: u32) -> Sql {
+        let (t, c) = (db.table(), db.cols());
+        let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
+        // The key is found through a row of it, so that it keeps the column's own type.
+        let mut q = Sql::new(&format!(
+            " FROM {t} o WHERE (o.{k}, o.{id}) > ((SELECT x.{k} FROM {t} x WHERE x.{id} = "
+        ));
+        q.int(key.row).push("), ").int(i64::MIN).push(&format!(
+            ") AND o.{k} IS NOT NULL AND {} ORDER BY o.{k}, o.{id} LIMIT {rows}",
+            c.open("o.")
+        ));
+        q
+    }
+
+    /// The row just before `a` in the index of unfinished keyed rows by `(key, id)`, if it is
+    /// of `a`'s key.
+    fn earlier(&self, db: &Db, a: &str) -> String {
+        let (t, c) = (db.table(), db.cols());
+        let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
+        format!(
+            "(SELECT CASE WHEN p.{k} = {a}{k} THEN p.{id} END FROM {t} p \
+             WHERE (p.{k}, p.{id}) < ({a}{k}, {a}{id}) AND p.{k} IS NOT NULL AND {} \
+             ORDER BY p.{k} DESC, p.{id} DESC LIMIT 1)",
+            c.open("p.")
+        )
+    }
+
+    fn claim_ids<'a>(
         &'a self,
         db: &'a Db,
         req: &'a ClaimRequest,
-        floors: &'a Floors,
+        ids: &'a [i64],
     ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>> {
         Box::pin(async move {
-            let picker = Picker::new(db, self.open_columns(db));
-            returning::claim(db, &picker, self, req, floors).await
+            let (t, id) = (db.table(), &db.cols().id);
+            let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+            let mut q = Sql::new("WITH chosen AS (SELECT string_to_array(");
+            q.text(&list.join(",")).push(", ',')::bigint[] AS ids)");
+            let fenced = match &req.fence {
+                Some(f) => {
+                    q.push(", fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
+                        .text(&f.lease)
+                        .push(" AND epoch = ")
+                        .int(f.epoch)
+                        .push(" FOR SHARE)");
+                    " AND EXISTS (SELECT 1 FROM fence)"
+                }
+                None => "",
+            };
+            let chosen = "ANY(CAST((SELECT ids FROM chosen) AS bigint[]))";
+            let claimable = claimable_among(db, self, &|e| format!("{e} = {chosen}"));
+            q.push(&format!(" UPDATE {t} u SET claimed_by = "))
+                .text(&req.claimer)
+                .push(", claim_token = ")
+                .text(&req.token)
+                .push(", claimed_until = ")
+                // Only the claim columns change, none of them indexed: the claim can be a HOT
+                // update (docs/design.md, "HOT claims").
+                .now_plus(db.syntax(), req.ttl)
+                .push(&format!(
+                    " WHERE u.{id} = ANY(ARRAY(SELECT o.{id} FROM {t} o WHERE o.{id} = {chosen} \
+                     AND {claimable}{fenced} FOR UPDATE OF o SKIP LOCKED)) RETURNING {}",
+                    select_list(db, "u.", req)
+                ));
+            Ok(db.query(q).fetch_all(db.pool()).await?)
         })
     }
 
-    /// The picks, and the earliest `next_attempt_at` of the unfinished rows, through the
-    /// same partial index the picks walk (NULL when none is unfinished). Read over at most
-    /// [`QUIET_SCAN`] rows, so that a table of many rows waiting far ahead (scheduled sends)
-    /// does not make every idle read walk them all: with more, no promise (zero), and the
-    /// relay reads every poll interval as it did.
-    fn probe<'a>(
-        &'a self,
-        db: &'a Db,
-        req: &'a ClaimRequest,
-        floors: &'a Floors,
-    ) -> BoxFuture<'a, anyhow::Result<Probe>> {
-        Box::pin(async move {
-            let picker = Picker::new(db, self.open_columns(db));
-            let mut q = Sql::new("SELECT (");
-            q.append(any_row(db, &picker, plan(req), req, floors));
-            let c = db.cols();
-            // A mapped table's NULL is due now.
-            let next = match c.mapped {
-                true => format!("COALESCE(o.{}, now())", c.next_attempt_at),
-                false => format!("o.{}", c.next_attempt_at),
-            };
-            q.push(&format!(
-                "), (SELECT CASE WHEN COUNT(*) < {QUIET_SCAN} \
-                 THEN EXTRACT(EPOCH FROM MIN(w.next) - now())::float8 ELSE 0 END \
-                 FROM (SELECT {next} AS next FROM {} o WHERE {} LIMIT {QUIET_SCAN}) w)",
-                db.table(),
-                c.open("o.")
-            ));
-            let row = db.query(q).fetch_one(db.pool()).await?;
-            if row.try_get::<Option<i32>, _>(0)?.is_some() {
-                return Ok(Probe::Claimable);
-            }
-            let quiet_for = match row.try_get::<Option<f64>, _>(1)? {
-                None => Duration::MAX,
-                // Past (due but not claimable), or not a number of seconds (an `infinity`
-                // timestamp): no promise.
-                Some(secs) => Duration::try_from_secs_f64(secs).unwrap_or(Duration::ZERO),
-            };
-            Ok(Probe::Nothing { quiet_for })
-        })
+    /// The earliest `next_attempt_at` of the unfinished rows, through the same partial index
+    /// the windows walk, read over at most [`QUIET_SCAN`] rows, so that a table of many rows
+    /// waiting far ahead (scheduled sends) does not make every idle read walk them all: with
+    /// more, no promise (zero), and the relay reads every poll interval.
+    fn quiet_ms(&self, db: &Db) -> Option<String> {
+        let c = db.cols();
+        // A mapped table's NULL is due now.
+        let next = match c.mapped {
+            true => format!("COALESCE(o.{}, now())", c.next_attempt_at),
+            false => format!("o.{}", c.next_attempt_at),
+        };
+        Some(format!(
+            "(SELECT CASE WHEN COUNT(*) < {QUIET_SCAN} \
+             THEN EXTRACT(EPOCH FROM MIN(w.next) - now()) * 1000 ELSE 0 END \
+             FROM (SELECT {next} AS next FROM {} o WHERE {} LIMIT {QUIET_SCAN}) w)",
+            db.table(),
+            c.open("o.")
+        ))
     }
 }
 

@@ -70,6 +70,11 @@ pub trait Syntax: Send + Sync {
         format!("\"{}\"", name.replace('"', "\"\""))
     }
 
+    /// The name of a 64-bit integer type in a `CAST`.
+    fn integer_type(&self) -> &'static str {
+        "BIGINT"
+    }
+
     /// The database's current time, in the type of the timestamp columns.
     fn now(&self) -> &'static str;
 

@@ -1,7 +1,7 @@
-//! SQLite's claims and idle reads. The claim is one `UPDATE ... RETURNING`; in leader mode
-//! each pick checks the lease epoch itself (the statement runs under the database's single
-//! write lock, so the checks cannot disagree). The idle read asks an index of due times first
-//! ([`SqliteClaims::anything_due`]).
+//! SQLite's claims and idle reads. The claim is one `UPDATE ... RETURNING` of the chosen
+//! rows; the idle read asks an index of due times first ([`SqliteClaims::anything_due`]).
+//! SQLite's planner takes the partial indexes of unfinished rows by channel and by key for
+//! the reads' plain equalities, so the default reads serve.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -10,25 +10,17 @@ use sqlx::any::AnyRow;
 
 use super::Sqlite;
 use crate::BoxFuture;
-use crate::store::claim::ClaimSql;
-use crate::store::claim::cursor::Floors;
-use crate::store::claim::picks::{PickFence, Picker};
-use crate::store::claim::returning::{self, ReturningForm};
+use crate::store::claim::returned::select_list;
+use crate::store::claim::{ClaimSql, claimable_among};
 use crate::store::db::Db;
-use crate::store::model::{ClaimRequest, Fence};
+use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
 use crate::store::sql::Sql;
-
-impl ReturningForm for Sqlite {
-    fn fence(&self, _q: &mut Sql, _f: &Fence) -> PickFence {
-        PickFence::Inline
-    }
-}
 
 /// Result writes select their rows the default way.
 impl ResultSql for Sqlite {}
 
-/// One store's SQLite claims: when an idle read last read the picks themselves, not only
+/// One store's SQLite claims: when an idle read last read the windows themselves, not only
 /// the index of due times.
 #[derive(Default)]
 pub struct SqliteClaims {
@@ -36,15 +28,42 @@ pub struct SqliteClaims {
 }
 
 impl ClaimSql for SqliteClaims {
-    fn claim_rows<'a>(
+    /// One `UPDATE ... RETURNING` of the chosen rows still claimable; in leader mode the
+    /// statement checks the lease epoch itself (it runs under the database's single write
+    /// lock, so the check and the claim cannot disagree).
+    fn claim_ids<'a>(
         &'a self,
         db: &'a Db,
         req: &'a ClaimRequest,
-        floors: &'a Floors,
+        ids: &'a [i64],
     ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>> {
         Box::pin(async move {
-            let picker = Picker::new(db, self.open_columns(db));
-            returning::claim(db, &picker, &Sqlite, req, floors).await
+            let (t, id) = (db.table(), &db.cols().id);
+            let list = ids
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            // Integers from this claim's own choice, not user text: safe in the SQL.
+            let claimable = claimable_among(db, self, &|e| format!("{e} IN ({list})"));
+            let mut q = Sql::new(&format!("UPDATE {t} SET claimed_by = "));
+            q.text(&req.claimer)
+                .push(", claim_token = ")
+                .text(&req.token)
+                .push(", claimed_until = ")
+                .now_plus(db.syntax(), req.ttl)
+                .push(&format!(
+                    " WHERE {id} IN (SELECT o.{id} FROM {t} o WHERE o.{id} IN ({list}) AND {claimable}"
+                ));
+            if let Some(f) = &req.fence {
+                q.push(" AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
+                    .text(&f.lease)
+                    .push(" AND epoch = ")
+                    .int(f.epoch)
+                    .push(")");
+            }
+            q.push(&format!(") RETURNING {}", select_list(db, "", req)));
+            Ok(db.query(q).fetch_all(db.pool()).await?)
         })
     }
 

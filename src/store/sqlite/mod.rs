@@ -22,6 +22,10 @@ const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f','now')";
 pub struct Sqlite;
 
 impl Syntax for Sqlite {
+    fn integer_type(&self) -> &'static str {
+        "INTEGER"
+    }
+
     fn now(&self) -> &'static str {
         NOW
     }

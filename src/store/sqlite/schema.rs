@@ -35,6 +35,13 @@ impl SchemaSql for Sqlite {
             // The unfinished rows by their next attempt, so that an idle read tells in one
             // seek whether any is due, instead of reading every waiting row.
             10 => vec![next_attempt_index(t)],
+            // The unfinished keyed rows by key: a claim reads the first rows of a freed key,
+            // and checks whether a row is the first of its key, without walking the key's
+            // finished rows (version 1's index of keys holds them all).
+            11 => vec![format!(
+                "CREATE INDEX IF NOT EXISTS {t}_open_key_idx ON {t} (ordering_key, id)
+                 WHERE ordering_key IS NOT NULL AND status IN ('PENDING', 'RETRY')"
+            )],
             _ => Vec::new(),
         }
     }

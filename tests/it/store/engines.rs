@@ -28,6 +28,11 @@ async fn finished_then_due(td: &TestDb, due: usize) {
 /// See [`finished_then_due`].
 const FINISHED: usize = 10_000;
 
+/// A claim's read, in `pg_prepared_statements` (`LIKE`).
+const READS: &str = "SELECT * FROM (SELECT CAST(0 AS BIGINT) AS part%";
+/// A claim of chosen rows, in `pg_prepared_statements` (`LIKE`).
+const CLAIMS: &str = "WITH chosen %SET claimed_by%";
+
 /// The server's `Handler_read_next` for the session of `store`'s only connection (MySQL/MariaDB):
 /// index entries read in order so far.
 async fn handler_read_next(store: &SqlStore) -> i64 {
@@ -73,15 +78,13 @@ async fn mysql_claims_never_walk_finished_rows() {
     td.drop_table().await;
 }
 
-/// A claim that says no other instance claims (leader mode; `ClaimRequest::alone`) reads its
-/// picks in one locking read that stops at its budget, on MySQL/MariaDB. A claim-mode claim
-/// first reads three times its budget of candidates without locks, then locks the ones it
-/// takes. Both take ten rows of a backlog; the claim alone reads fewer index entries (the
-/// server's `Handler_read_next` on the store's only connection). With the `none` lease in
-/// leader mode, claims took claim mode's path before: over a backlog of few ordering keys its
-/// candidate read walked every row waiting behind a key, every claim.
+/// MySQL/MariaDB: a claim reads one bounded window of its channel's unfinished rows (and
+/// locks only the rows it takes), whether other instances claim (claim mode) or not (leader
+/// mode; `ClaimRequest::alone`): the server's `Handler_read_next` on the store's only
+/// connection stays within the window, with 200 rows waiting. (Leader mode's claims once read
+/// every row waiting behind a key, every claim.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_a_claim_alone_reads_no_candidates() {
+async fn mysql_a_claim_reads_one_window_in_either_mode() {
     let Some(td) = TestDb::open(Db::MySql, "st_alone").await else {
         return;
     };
@@ -91,20 +94,18 @@ async fn mysql_a_claim_alone_reads_no_candidates() {
         .await
         .expect("connect");
     let read_next = || handler_read_next(&store);
-    let mut read = Vec::new();
     for alone in [false, true] {
         let mut req = hook_request(10, if alone { "leader" } else { "claimer" });
         req.alone = alone;
         let before = read_next().await;
         let rows = bounded("claim", store.claim(&req)).await;
-        read.push(read_next().await - before);
+        let read = read_next().await - before;
         assert_eq!(rows.len(), 10, "alone: {alone}");
+        assert!(
+            read <= 80,
+            "alone: {alone}: {read} index entries read for a window of 64 rows"
+        );
     }
-    let (candidates, alone) = (read[0], read[1]);
-    assert!(
-        alone < candidates && alone <= 20,
-        "index entries read: {alone} by the claim alone, {candidates} by claim mode's"
-    );
     td.drop_table().await;
 }
 
@@ -362,8 +363,9 @@ async fn postgres_sessions_plan_no_bitmap_scans() {
         .map(|(req, id)| completion(req, *id, retry()))
         .collect();
     assert_eq!(complete(&store, &done).await, 2);
-    let mut plans = prepared_plans(&store, "WITH %SET claimed_by%").await;
+    let mut plans = prepared_plans(&store, CLAIMS).await;
     assert!(!plans.is_empty(), "no claim prepared");
+    plans.extend(prepared_plans(&store, READS).await);
     let writes = prepared_plans(&store, "UPDATE % OR %").await;
     assert_eq!(writes.len(), 1, "the result write of two claims");
     plans.extend(writes);
@@ -411,28 +413,33 @@ async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
         claimed += bounded("claim", store.claim(&req)).await.len();
     }
     assert_eq!(claimed, 10, "the nine due rows and the head of key k");
-    let statements: Vec<(String, String, i64, i64)> = sqlx::query_as(
-        "SELECT name, parameter_types::text, generic_plans, custom_plans \
-         FROM pg_prepared_statements WHERE statement LIKE 'WITH %SET claimed_by%'",
-    )
-    .fetch_all(store.pool())
-    .await
-    .expect("prepared statements");
-    assert!(
-        statements.len() >= 2,
-        "the claims without and with a newest pick: {statements:?}"
-    );
-    assert!(
-        statements.iter().all(|s| s.3 == 0),
-        "claims were planned at execution: {statements:?}"
-    );
-    assert!(statements.iter().map(|s| s.2).sum::<i64>() >= 8);
-    for (name, plan) in prepared_plans(&store, "WITH %SET claimed_by%").await {
+    // A claim is a read (its text follows the parts it reads: with and without a newest
+    // window) and the claim of the chosen ids (one text for any number of rows).
+    for (like, shapes, runs) in [(READS, 2, 8), (CLAIMS, 1, 5)] {
+        let statements: Vec<(String, String, i64, i64)> = sqlx::query_as(
+            "SELECT name, parameter_types::text, generic_plans, custom_plans \
+             FROM pg_prepared_statements WHERE statement LIKE $1",
+        )
+        .bind(like)
+        .fetch_all(store.pool())
+        .await
+        .expect("prepared statements");
+        assert!(statements.len() >= shapes, "{like}: {statements:?}");
         assert!(
-            !plan.contains(&format!("Seq Scan on {}", td.table)),
-            "a claim ({name}) scans the table past {FINISHED} finished rows:\n{plan}"
+            statements.iter().all(|s| s.3 == 0),
+            "planned at execution: {statements:?}"
         );
-        assert!(plan.contains("Index Scan"), "{plan}");
+        assert!(
+            statements.iter().map(|s| s.2).sum::<i64>() >= runs,
+            "{like}: {statements:?}"
+        );
+        for (name, plan) in prepared_plans(&store, like).await {
+            assert!(
+                !plan.contains(&format!("Seq Scan on {}", td.table)),
+                "a claim ({name}) scans the table past {FINISHED} finished rows:\n{plan}"
+            );
+            assert!(plan.contains("Index Scan"), "{plan}");
+        }
     }
 
     // A setting of the URL's own is kept.

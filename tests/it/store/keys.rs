@@ -174,48 +174,44 @@ async fn deliver(td: &TestDb, req: &ClaimRequest, rows: &[ClaimedRow]) {
     assert_eq!(complete(&*td.store, &done).await, rows.len() as u64);
 }
 
-per_db!(a_backlog_of_few_keys_is_claimed_from_a_window);
-/// Fewer keys than the claim could take, many rows each (docs/design.md, "Ordering keys and
-/// claim rounds"): after a walk that came back short (and slow; here every short walk counts),
-/// the next claim reads only the first rows of the channel, where the keys' next heads are,
-/// and takes exactly them, in one statement's pick.
-async fn a_backlog_of_few_keys_is_claimed_from_a_window(db: Db) {
-    let Some(td) = TestDb::open(db, "st_window").await else {
+per_db!(a_keyed_backlog_is_claimed_in_runs_of_its_freed_keys);
+/// Fewer keys than the claim could take, many rows each (docs/design.md, "Claims"): the first
+/// claim takes each key's head; once those are delivered their keys are freed, and the next
+/// claim reads those keys' first rows and takes runs of them (each key's head and the rows
+/// right behind it), a key's rows breadth first so that the budget is shared among the keys.
+async fn a_keyed_backlog_is_claimed_in_runs_of_its_freed_keys(db: Db) {
+    let Some(td) = TestDb::open(db, "st_runs").await else {
         return;
     };
     let store = td.store.clone();
-    store.window_every_short_walk();
     let rows = enqueue_keyed(&td, 200, |i| format!("k{}", i % 4)).await;
+    let first = hook_request(8, "a");
+    let got = bounded("claim", store.claim(&first)).await;
+    assert_eq!(ids(&got), rows[..4].to_vec(), "the four keys' heads");
+    deliver(&td, &first, &got).await;
     for round in 0..3 {
         let req = hook_request(8, "a");
-        let windowed = store.windowed_claims();
         let got = bounded("claim", store.claim(&req)).await;
+        let from = 4 + round * 8;
         assert_eq!(
             ids(&got),
-            rows[round * 4..round * 4 + 4].to_vec(),
-            "round {round}: the four keys' heads"
-        );
-        let expected = u64::from(round > 0);
-        assert_eq!(
-            store.windowed_claims() - windowed,
-            expected,
-            "round {round}: windowed after the first (a full walk)"
+            rows[from..from + 8].to_vec(),
+            "round {round}: two rows of each key, its head and the row right behind it"
         );
         deliver(&td, &req, &got).await;
     }
     td.drop_table().await;
 }
 
-per_db!(a_hot_key_in_the_window_hides_no_row_behind_it);
-/// A window full of one key's rows, behind its head: the windowed pick finds fewer rows than
-/// the walk before it, so the same claim walks the channel again, and takes every head a
-/// claim without a window would have taken.
-async fn a_hot_key_in_the_window_hides_no_row_behind_it(db: Db) {
+per_db!(a_hot_key_hides_no_row_behind_it);
+/// A window full of one key's rows, behind its head: the claim reads on past it, a window at
+/// a time, and takes the other keys' heads beyond it; once the hot key's head is delivered its
+/// next rows come as a run.
+async fn a_hot_key_hides_no_row_behind_it(db: Db) {
     let Some(td) = TestDb::open(db, "st_hot").await else {
         return;
     };
     let store = td.store.clone();
-    store.window_every_short_walk();
     let hot = enqueue_keyed(&td, 100, |_| "hot".into()).await;
     let others = enqueue_keyed(&td, 8, |i| format!("k{}", i % 4)).await;
 
@@ -227,19 +223,14 @@ async fn a_hot_key_in_the_window_hides_no_row_behind_it(db: Db) {
     deliver(&td, &first, &got).await;
 
     let second = hook_request(8, "a");
-    let windowed = store.windowed_claims();
     let got = bounded("claim", store.claim(&second)).await;
-    assert_eq!(
-        store.windowed_claims() - windowed,
-        1,
-        "the claim read a window"
-    );
-    let mut next = vec![hot[1]];
+    let mut next = vec![hot[1], hot[2], hot[3], hot[4]];
     next.extend(&others[4..]);
+    next.sort();
     assert_eq!(
         ids(&got),
         next,
-        "the hot key's next row, and the rows beyond the window"
+        "each key's next row, then the hot key's run with what is left of the budget"
     );
     td.drop_table().await;
 }

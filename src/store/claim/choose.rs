@@ -1,0 +1,439 @@
+//! Which of the rows a claim read it takes (pure: the rule, without a database).
+//!
+//! The rule (docs/design.md, "Claims"): a row is taken when it is due, under no live claim,
+//! and every earlier unfinished row of its ordering key is taken by this same claim (for the
+//! first row of a key, there is none: it is the head). So a claim takes, per ordering key, a
+//! *run*: the head and the rows right behind it, in id order, up to the run length and while
+//! each is due and unclaimed; the relay sends a run's rows one after another, each only once
+//! the one before it was accepted. Each channel's rows count against its budget: the rows of
+//! freed keys first (they are the oldest of their keys), then the oldest window, then the
+//! newest window's share.
+//!
+//! What the claim learns for the floors: how far each oldest window looked with every row
+//! settled (taken, or not claimable), so that the next claim reads on from there.
+
+use std::collections::{HashMap, HashSet};
+
+use super::plan::{Budget, KeyRef, Part};
+
+/// One row a claim's read found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub id: i64,
+    /// Its channel (`None`: NULL, or not text).
+    pub channel: Option<String>,
+    /// Its ordering key as text (`None`: no key).
+    pub key: Option<String>,
+    /// Due, and under no live claim.
+    pub free: bool,
+    /// No earlier unfinished row of its ordering key (every unkeyed row is a head).
+    pub head: bool,
+}
+
+impl Candidate {
+    fn claimable(&self) -> bool {
+        self.free && self.head
+    }
+}
+
+/// What one oldest window found, for the floors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub channel: String,
+    /// Where the window started (`None`: the lowest row).
+    pub from: Option<i64>,
+    /// The highest id up to which every row the window read was taken or not claimable
+    /// (`None`: not even its first row).
+    pub settled: Option<i64>,
+    /// The window held fewer rows than it asked for: it reached the channel's newest row.
+    pub reached_end: bool,
+    /// It was a full walk's window.
+    pub sweep: bool,
+    /// Rows it took.
+    pub took: usize,
+    /// Rows it asked for.
+    pub asked: u32,
+    /// It read all the rows it asked for, every one settled, and its channel still has
+    /// room: the claim reads on past it.
+    pub wants_more: bool,
+}
+
+/// What became of a key the claim read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyFate {
+    /// Rows of it were taken, or its head is not claimable (under a claim, waiting, behind
+    /// a row this store does not know of): nothing more to do for it now.
+    Done,
+    /// Its head is claimable but its channel had no budget left: read it again next claim.
+    Deferred,
+}
+
+/// A claim's choice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Choice {
+    /// The rows to claim.
+    pub ids: Vec<i64>,
+    /// The runs of two rows or more, each in id order: after the claim, a run that lost a
+    /// row (someone else took it meanwhile) must not keep the rows behind the gap.
+    pub runs: Vec<Vec<i64>>,
+    pub seen: Vec<Seen>,
+    pub keys: Vec<(KeyRef, KeyFate)>,
+    /// The rows taken from newest windows (they count against the newest share).
+    pub newest: Vec<i64>,
+}
+
+/// Chooses from `found` (each part's rows, in the part's order: ascending ids, descending
+/// for a newest window) within `budgets`, at most `run` rows per key; the [`Part::Others`]
+/// parts share the budget each of them carries.
+pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) -> Choice {
+    let others = found.iter().find_map(|(p, _)| match p {
+        Part::Others { rows, .. } => Some(*rows),
+        _ => None,
+    });
+    let mut c = Chooser {
+        others_left: others.unwrap_or(0),
+        left: budgets
+            .iter()
+            .map(|b| (b.channel.clone(), b.total))
+            .collect(),
+        newest_left: budgets
+            .iter()
+            .map(|b| (b.channel.clone(), b.newest))
+            .collect(),
+        taken: HashSet::new(),
+        choice: Choice::default(),
+    };
+    // Keys first (the oldest rows of their keys), then oldest windows, then the rest.
+    let keys: Vec<(&KeyRef, &[Candidate])> = found
+        .iter()
+        .filter_map(|(part, rows)| match part {
+            Part::Key { key, .. } => Some((key, rows.as_slice())),
+            _ => None,
+        })
+        .collect();
+    c.keys(&keys, run.max(1));
+    for (part, rows) in found {
+        match part {
+            Part::Window {
+                channel,
+                from,
+                rows: asked,
+                newest: false,
+                sweep,
+            } => c.oldest(channel, *from, *asked, *sweep, rows),
+            Part::Others { .. } => c.others(rows),
+            _ => {}
+        }
+    }
+    for (part, rows) in found {
+        if let Part::Window {
+            channel,
+            newest: true,
+            ..
+        } = part
+        {
+            c.newest(channel, rows);
+        }
+    }
+    let room = |ch: &str| {
+        c.left.get(ch).copied().unwrap_or(0) > c.newest_left.get(ch).copied().unwrap_or(0)
+    };
+    let wants: Vec<bool> = c
+        .choice
+        .seen
+        .iter()
+        .map(|s| s.wants_more && room(&s.channel))
+        .collect();
+    for (seen, wants) in c.choice.seen.iter_mut().zip(wants) {
+        seen.wants_more = wants;
+    }
+    c.choice
+}
+
+struct Chooser {
+    /// What the parts that read channels no sink serves may still take, together.
+    others_left: u32,
+    /// Per channel, the budget not yet taken.
+    left: HashMap<String, u32>,
+    /// Per channel, what its newest window may still take.
+    newest_left: HashMap<String, u32>,
+    taken: HashSet<i64>,
+    choice: Choice,
+}
+
+impl Chooser {
+    /// Takes `row` if its channel has budget left (of its oldest share when `oldest`).
+    fn take(&mut self, row: &Candidate, oldest: bool) -> bool {
+        if self.taken.contains(&row.id) {
+            return true;
+        }
+        let Some(channel) = &row.channel else {
+            return false;
+        };
+        let newest = self.newest_left.get(channel).copied().unwrap_or(0);
+        let reserved = if oldest { newest } else { 0 };
+        match self.left.get_mut(channel) {
+            Some(left) if *left > reserved => *left -= 1,
+            _ => return false,
+        }
+        self.taken.insert(row.id);
+        self.choice.ids.push(row.id);
+        true
+    }
+
+    /// The keys' runs: each key's head and the rows behind it while each is free, taken
+    /// breadth first (every key's head, then every key's second row, ...) so that a budget
+    /// smaller than the keys' rows is shared among the keys.
+    fn keys(&mut self, keys: &[(&KeyRef, &[Candidate])], run: u32) {
+        // Per key, its own rows in id order, and whether its run is still growing.
+        let mut runs: Vec<(Vec<&Candidate>, Vec<i64>, bool)> = keys
+            .iter()
+            .map(|(key, rows)| {
+                let own: Vec<&Candidate> = rows
+                    .iter()
+                    .filter(|r| r.key.as_deref() == Some(key.key.as_str()))
+                    .collect();
+                let open = own.first().is_some_and(|head| head.claimable());
+                (own, Vec::new(), open)
+            })
+            .collect();
+        for pos in 0..run as usize {
+            for (own, ids, open) in runs.iter_mut() {
+                if !*open {
+                    continue;
+                }
+                match own.get(pos) {
+                    Some(row) if row.free && self.take(row, true) => ids.push(row.id),
+                    _ => *open = false,
+                }
+            }
+        }
+        for ((key, _), (own, ids, _)) in keys.iter().zip(runs) {
+            let fate = match (own.first(), ids.len()) {
+                (Some(head), 0) if head.claimable() => KeyFate::Deferred,
+                _ => KeyFate::Done,
+            };
+            if ids.len() > 1 {
+                self.choice.runs.push(ids);
+            }
+            self.choice.keys.push(((*key).clone(), fate));
+        }
+    }
+
+    /// An oldest window: its claimable rows in id order while the channel's oldest share
+    /// lasts, and how far it looked with every row settled.
+    fn oldest(
+        &mut self,
+        channel: &str,
+        from: Option<i64>,
+        asked: u32,
+        sweep: bool,
+        rows: &[Candidate],
+    ) {
+        let rows: Vec<&Candidate> = rows
+            .iter()
+            .filter(|r| r.channel.as_deref() == Some(channel))
+            .collect();
+        let mut settled = from;
+        let mut took = 0;
+        let mut open = true;
+        for row in &rows {
+            if row.claimable() {
+                if !open || !self.take(row, true) {
+                    open = false;
+                    continue;
+                }
+                took += 1;
+            }
+            if open {
+                settled = Some(row.id);
+            }
+        }
+        let reached_end = rows.len() < asked as usize;
+        self.choice.seen.push(Seen {
+            channel: channel.to_string(),
+            from,
+            settled,
+            reached_end,
+            sweep,
+            took,
+            asked,
+            // Decided once every part is chosen from (see `choose`).
+            wants_more: open && !reached_end && !sweep,
+        });
+    }
+
+    /// A newest window: its claimable rows, newest first, while the channel's newest share
+    /// lasts.
+    fn newest(&mut self, channel: &str, rows: &[Candidate]) {
+        for row in rows
+            .iter()
+            .filter(|r| r.channel.as_deref() == Some(channel))
+        {
+            if self.newest_left.get(channel).copied().unwrap_or(0) == 0 {
+                return;
+            }
+            if row.claimable() && !self.taken.contains(&row.id) && self.take(row, false) {
+                if let Some(n) = self.newest_left.get_mut(channel) {
+                    *n -= 1;
+                }
+                self.choice.newest.push(row.id);
+            }
+        }
+    }
+
+    /// The rows of channels no sink serves (read claimable already), within their budget.
+    fn others(&mut self, rows: &[Candidate]) {
+        for row in rows.iter().filter(|r| r.claimable()) {
+            if self.others_left == 0 {
+                return;
+            }
+            if self.taken.insert(row.id) {
+                self.choice.ids.push(row.id);
+                self.others_left -= 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: i64, key: Option<&str>, free: bool, head: bool) -> Candidate {
+        Candidate {
+            id,
+            channel: Some("a".into()),
+            key: key.map(String::from),
+            free,
+            head,
+        }
+    }
+
+    fn window(from: Option<i64>, rows: u32) -> Part {
+        Part::Window {
+            channel: "a".into(),
+            from,
+            rows,
+            newest: false,
+            sweep: false,
+        }
+    }
+
+    fn budget(total: u32, newest: u32) -> Vec<Budget> {
+        vec![Budget {
+            channel: "a".into(),
+            total,
+            newest,
+        }]
+    }
+
+    #[test]
+    fn a_window_takes_claimable_rows_and_settles_past_the_others() {
+        let rows = vec![
+            row(1, None, true, true),
+            row(2, Some("k"), true, false),
+            row(3, None, false, true),
+            row(4, None, true, true),
+        ];
+        let c = choose(&[(window(Some(0), 4), rows)], &budget(10, 0), 1);
+        assert_eq!(c.ids, [1, 4]);
+        assert_eq!(c.seen[0].settled, Some(4));
+        assert!(!c.seen[0].reached_end);
+        assert_eq!(c.seen[0].took, 2);
+    }
+
+    #[test]
+    fn a_window_whose_budget_ran_out_settles_before_the_first_row_left() {
+        let rows = vec![
+            row(5, None, true, true),
+            row(6, Some("k"), true, false),
+            row(7, None, true, true),
+            row(8, None, true, true),
+        ];
+        let c = choose(&[(window(Some(4), 8), rows)], &budget(1, 0), 1);
+        assert_eq!(c.ids, [5]);
+        assert_eq!(c.seen[0].settled, Some(6), "7 is claimable and left");
+        assert!(c.seen[0].reached_end);
+    }
+
+    #[test]
+    fn a_freed_key_takes_a_run_while_rows_are_free() {
+        let key = KeyRef {
+            key: "k".into(),
+            row: 1,
+        };
+        let rows = vec![
+            row(3, Some("k"), true, true),
+            row(9, Some("k"), true, false),
+            row(12, Some("k"), false, false),
+            row(14, Some("k"), true, false),
+            row(15, Some("other"), true, true),
+        ];
+        let c = choose(
+            &[(
+                Part::Key {
+                    key: key.clone(),
+                    rows: 8,
+                },
+                rows,
+            )],
+            &budget(10, 0),
+            8,
+        );
+        assert_eq!(c.ids, [3, 9], "stops at the first row that is not free");
+        assert_eq!(c.runs, [vec![3, 9]]);
+        assert_eq!(c.keys, [(key, KeyFate::Done)]);
+    }
+
+    #[test]
+    fn a_key_whose_head_is_not_claimable_is_done_and_one_without_budget_is_deferred() {
+        let k = |key: &str| KeyRef {
+            key: key.into(),
+            row: 1,
+        };
+        let found = vec![
+            (
+                Part::Key {
+                    key: k("busy"),
+                    rows: 4,
+                },
+                vec![row(2, Some("busy"), false, true)],
+            ),
+            (
+                Part::Key {
+                    key: k("late"),
+                    rows: 4,
+                },
+                vec![row(3, Some("late"), true, true)],
+            ),
+        ];
+        let c = choose(&found, &budget(0, 0), 4);
+        assert!(c.ids.is_empty());
+        assert_eq!(
+            c.keys,
+            [(k("busy"), KeyFate::Done), (k("late"), KeyFate::Deferred)]
+        );
+    }
+
+    #[test]
+    fn the_newest_share_is_kept_for_the_newest_window() {
+        let oldest: Vec<Candidate> = (1..=10).map(|i| row(i, None, true, true)).collect();
+        let newest: Vec<Candidate> = (90..=100).rev().map(|i| row(i, None, true, true)).collect();
+        let found = vec![
+            (window(None, 20), oldest),
+            (
+                Part::Window {
+                    channel: "a".into(),
+                    from: None,
+                    rows: 8,
+                    newest: true,
+                    sweep: false,
+                },
+                newest,
+            ),
+        ];
+        let c = choose(&found, &budget(4, 1), 1);
+        assert_eq!(c.ids, [1, 2, 3, 100]);
+    }
+}

@@ -1,0 +1,145 @@
+//! A claim's first statement: one plain read (no lock, no write) of every part of the
+//! claim's plan, returning per row what the choice needs: its id, channel and key, whether it
+//! is free (due, under no live claim) and whether it is the head of its ordering key. Each
+//! part is one `SELECT` with a `LIMIT`, walking an index of unfinished rows (by channel, or by
+//! key) that the database is made to use (see each database's `ClaimSql`), so the read's cost
+//! follows the budget, not the table.
+
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use super::ClaimSql;
+use super::choose::Candidate;
+use super::plan::Part;
+use crate::store::db::Db;
+use crate::store::sql::Sql;
+
+/// The read of `parts`: one `UNION ALL` of a `SELECT` per part, each row tagged with its
+/// part's index.
+pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
+    let mut q = Sql::default();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            q.push(" UNION ALL ");
+        }
+        // Each part in a derived table of its own: a compound SELECT may not order or limit
+        // its members directly on every database.
+        q.push("SELECT * FROM (")
+            .append(select(db, sql, i, part))
+            .push(&format!(") p{i}"));
+    }
+    q
+}
+
+/// One part's `SELECT`.
+fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
+    let (s, c) = (db.syntax(), db.cols());
+    let earlier = sql.earlier(db, "o.");
+    let channel = s.claim_text(&s.cast_text(&c.channel("o.")));
+    let key = s.claim_text(&c.text_or_null("o.", &c.ordering_key, s));
+    let int = s.integer_type();
+    let free = format!(
+        "CAST(CASE WHEN {} AND (o.claimed_until IS NULL OR o.claimed_until < {}) THEN 1 ELSE 0 \
+         END AS {int})",
+        c.due("o.", s),
+        s.now()
+    );
+    let head = match (part, &c.ordering_key) {
+        // A key part's first row is its key's first unfinished row.
+        (Part::Key { .. }, _) | (_, None) => format!("CAST(1 AS {int})"),
+        (_, Some(k)) => format!(
+            "CAST(CASE WHEN o.{k} IS NULL THEN 1 WHEN {earlier} IS NULL THEN 1 ELSE 0 END AS {int})"
+        ),
+    };
+    let mut q = Sql::new(&format!(
+        "SELECT CAST({i} AS {int}) AS part, CAST(o.{id} AS {int}) AS id, {channel} AS channel, \
+         {key} AS okey, {free} AS free, {head} AS head",
+        id = c.id
+    ));
+    q.append(match part {
+        Part::Window {
+            channel,
+            from,
+            rows,
+            newest,
+            ..
+        } => sql.channel_rows(db, channel, *from, *rows, *newest),
+        Part::Key { key, rows } => sql.key_rows(db, key, *rows),
+        Part::Others { above, below, rows } => sql.unserved_rows(
+            db,
+            above.as_deref(),
+            below.as_deref(),
+            *rows,
+            &claimable(db, sql),
+        ),
+    });
+    q
+}
+
+/// The condition that row `o` is claimable on its own: unfinished, due, under no live claim,
+/// and the head of its ordering key.
+pub fn claimable(db: &Db, sql: &dyn ClaimSql) -> String {
+    super::claimable_among(db, sql, &|_| "1 = 0".to_string())
+}
+
+/// Adds to a read one row that carries a value (`expr`, an integer or NULL) in its id
+/// column, tagged as part `part` (past the read's own parts).
+pub fn add_value(db: &Db, q: &mut Sql, part: usize, expr: &str) {
+    let int = db.syntax().integer_type();
+    q.push(&format!(
+        " UNION ALL SELECT CAST({part} AS {int}), CAST({expr} AS {int}), NULL, NULL, \
+         CAST(0 AS {int}), CAST(0 AS {int})"
+    ));
+}
+
+/// The value [`add_value`] added as part `part` (`None`: NULL, or no such row).
+pub fn value(rows: &[AnyRow], part: usize) -> Option<i64> {
+    rows.iter()
+        .find(|r| r.try_get::<i64, _>(0).ok() == i64::try_from(part).ok())
+        .and_then(|r| r.try_get::<Option<i64>, _>(1).ok().flatten())
+}
+
+/// The rows of a read, per part, in the order the database returned them.
+pub fn decode(rows: &[AnyRow], parts: &[Part]) -> Vec<(Part, Vec<Candidate>)> {
+    let mut out: Vec<(Part, Vec<Candidate>)> =
+        parts.iter().map(|p| (p.clone(), Vec::new())).collect();
+    for row in rows {
+        let Some((part, candidate)) = candidate(row) else {
+            continue;
+        };
+        if let Some((_, list)) = out.get_mut(part) {
+            list.push(candidate);
+        }
+    }
+    out
+}
+
+/// One row of a read, or `None` if its part or id cannot be read (it is left out; the next
+/// read will see it again).
+fn candidate(row: &AnyRow) -> Option<(usize, Candidate)> {
+    let part = usize::try_from(row.try_get::<i64, _>(0).ok()?).ok()?;
+    let flag = |i: usize| row.try_get::<i64, _>(i).map(|v| v == 1).unwrap_or(false);
+    Some((
+        part,
+        Candidate {
+            id: row.try_get::<i64, _>(1).ok()?,
+            channel: text(row, 2),
+            key: text(row, 3),
+            free: flag(4),
+            head: flag(5),
+        },
+    ))
+}
+
+/// A text column (text, or bytes where the database returns text as bytes); `None` when
+/// NULL. Bytes that are not UTF-8 are decoded with replacement characters: the read only
+/// compares them, and the claim decodes the row strictly (and fails it if it must).
+fn text(row: &AnyRow, i: usize) -> Option<String> {
+    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
+        return v;
+    }
+    row.try_get::<Option<Vec<u8>>, _>(i)
+        .ok()
+        .flatten()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+}
