@@ -7,6 +7,7 @@
 //! existing tables mapped by `[table]`.
 
 mod browser;
+mod filter;
 mod mapped;
 
 use std::time::Duration;
