@@ -9,6 +9,7 @@
 mod browser;
 mod filter;
 mod mapped;
+mod throttle;
 
 use std::time::Duration;
 
