@@ -133,23 +133,38 @@ impl Visitor<'_> for IntVisitor {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<i128, E> {
         let t = v.trim();
-        if let Ok(n) = t.parse::<i128>() {
-            return self.check(n);
-        }
-        let digits = t.strip_prefix(['-', '+']).unwrap_or(t);
-        let what = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
-            // Only digits, yet no i128: beyond 128 bits (a TOML integer too, see `file`).
-            let cut: String = t.chars().take(30).collect();
-            let digits = format!("{cut}... ({} digits)", digits.len());
-            if t.starts_with('-') {
-                format!("{digits} is too small")
-            } else {
-                format!("{digits} is too large")
-            }
-        } else {
-            not_integer(&shown(v), t.parse::<f64>().unwrap_or(f64::NAN))
+        let negative = t.starts_with('-');
+        let unsigned = t.strip_prefix(['-', '+']).unwrap_or(t);
+        // As TOML writes integers too: decimal, or 0x, 0o, 0b.
+        let (radix, digits) = match unsigned.get(..2) {
+            Some("0x") => (16, &unsigned[2..]),
+            Some("0o") => (8, &unsigned[2..]),
+            Some("0b") => (2, &unsigned[2..]),
+            _ => (10, unsigned),
         };
-        Err(self.refuse(what))
+        if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+            return Err(self.refuse(not_integer(&shown(v), t.parse::<f64>().unwrap_or(f64::NAN))));
+        }
+        if let Ok(n) = u128::from_str_radix(digits, radix) {
+            let n = if negative {
+                0_i128.checked_sub_unsigned(n)
+            } else {
+                i128::try_from(n).ok()
+            };
+            if let Some(n) = n {
+                return self.check(n);
+            }
+        }
+        // Only digits, yet no i128: beyond 128 bits (a TOML integer too, see `file`).
+        let cut: String = t.chars().take(30).collect();
+        let shown = format!("{cut}... ({} digits)", digits.len());
+        Err(self.refuse(if !negative {
+            format!("{shown} is too large")
+        } else if self.min >= 0 {
+            format!("{shown} is negative")
+        } else {
+            format!("{shown} is too small")
+        }))
     }
 }
 
@@ -265,6 +280,8 @@ mod tests {
     fn integers_are_whole_and_in_range() {
         assert_eq!(int_of(config::Value::from(42)), Ok(42));
         assert_eq!(int_of(config::Value::from(" 42 ")), Ok(42));
+        assert_eq!(int_of(config::Value::from("0x10")), Ok(16));
+        assert_eq!(int_of(config::Value::from("+0b101")), Ok(5));
         for (v, why) in [
             (config::Value::from(0), "0 is too small"),
             (config::Value::from(-1), "-1 is negative"),
@@ -274,6 +291,14 @@ mod tests {
                 "too large",
             ),
             (config::Value::from("9".repeat(50)), "is too large"),
+            (
+                config::Value::from(format!("-{}", "9".repeat(50))),
+                "is negative",
+            ),
+            (
+                config::Value::from(format!("0x{}", "f".repeat(40))),
+                "is too large",
+            ),
             (config::Value::from(1.5), "not a whole number"),
             (config::Value::from("1.5"), "not a whole number"),
             (config::Value::from(f64::NAN), "not a number"),
