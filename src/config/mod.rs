@@ -6,6 +6,13 @@
 //! - every error names the key it is about (`relay.claim_ttl: ...`), and the CLI turns it
 //!   into exit code 2;
 //! - settings that cannot be safe (G7 in docs/design.md) are refused here, before anything starts;
+//! - an unknown key is refused wherever it is (a section, `[table.*]`, an inline table such as
+//!   a `payload_object` entry, a sink's table), by its full path, from the file and from the
+//!   environment alike; only a webhook's `headers` take any name;
+//! - every value can come from the environment, where all are strings: each key reads its kind
+//!   from a string (`number`, `duration`, comma-separated lists, `status` for the status
+//!   codes), and a number outside its key's range is refused with the range (`number`; the
+//!   file's numbers beyond 64 bits reach their key too: `file`);
 //! - secrets are [`Secret`]s and never appear in `Debug` output.
 
 pub mod duration;
@@ -28,6 +35,7 @@ use serde::Deserialize;
 
 pub use error::ConfigError;
 pub use payload::PayloadValue;
+use secret::secret_list;
 pub use secret::{Secret, redact_url};
 pub use sinks::{DEFAULT_CONCURRENCY, SinkCommon, SinkSettings};
 pub use status::{Code, Codes, StatusSettings};
@@ -246,36 +254,6 @@ impl LeaseSettings {
     }
 }
 
-/// A list of secrets from a TOML array or from one comma-separated string: the environment
-/// source reads values as strings (`try_parsing(false)`), so its list splitting never applies.
-fn secret_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
-    struct List;
-    impl<'de> serde::de::Visitor<'de> for List {
-        type Value = Vec<Secret>;
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a list of URLs, or one string of comma-separated URLs")
-        }
-        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Vec<Secret>, E> {
-            Ok(s.split(',')
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(Secret::new)
-                .collect())
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(s) = a.next_element::<Secret>()? {
-                out.push(s);
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_any(List)
-}
-
 impl Default for LeaseSettings {
     fn default() -> Self {
         LeaseSettings {
@@ -308,7 +286,7 @@ pub struct RetrySettings {
 }
 
 /// `multiplier`, here and in a sink's overrides: a growth, from 1 (no growth) to 100.
-pub(crate) fn multiplier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+fn multiplier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
     number::float(d, 1.0, 100.0)
 }
 
