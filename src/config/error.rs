@@ -21,8 +21,8 @@ impl ConfigError {
 
     /// The config crate's deserialization error, for a value read at `prefix` (`""` for the
     /// whole file, `sinks.hook` for a sink's table). The key comes from the error's variants,
-    /// which carry it; only serde's "unknown field" message has to be read for the field's
-    /// name, which no variant carries.
+    /// which carry it; serde's "unknown field" message and our own deserializers' [`keyed`]
+    /// messages have to be read for the rest of the path, which no variant carries.
     pub fn within(prefix: &str, e: &config::ConfigError) -> ConfigError {
         use config::ConfigError as E;
         match e {
@@ -37,16 +37,37 @@ impl ConfigError {
                 format!("invalid type: {unexpected}, expected {expected}"),
             ),
             E::NotFound(key) => ConfigError::new(or_file(prefix), format!("missing key `{key}`")),
-            E::Message(text) => match unknown_field(text) {
-                Some((field, expected)) => ConfigError::new(
-                    or_file(&join(prefix, Some(field))),
-                    format!("unknown key; {expected}"),
-                ),
-                None => ConfigError::new(or_file(prefix), text.clone()),
-            },
+            E::Message(text) => {
+                if let Some((path, problem)) = unkey(text) {
+                    return ConfigError::new(or_file(&join(prefix, Some(path))), problem);
+                }
+                match unknown_field(text) {
+                    Some((field, expected)) => ConfigError::new(
+                        or_file(&join(prefix, Some(field))),
+                        format!("unknown key ({expected})"),
+                    ),
+                    None => ConfigError::new(or_file(prefix), text.clone()),
+                }
+            }
             other => ConfigError::new(or_file(prefix), other.to_string()),
         }
     }
+}
+
+/// Marks a message of [`keyed`]: a character no key or message of ours holds.
+const KEYED: char = '\u{1}';
+
+/// A problem found by one of our own deserializers below the value being read, at `path`
+/// relative to it (`body.as_text`; `""` for the value itself). serde's errors carry only
+/// text, so the path travels in the message, and [`ConfigError::within`] puts it back in the
+/// key.
+pub(super) fn keyed<E: serde::de::Error>(path: &str, problem: impl fmt::Display) -> E {
+    E::custom(format!("{KEYED}{path}{KEYED}{problem}"))
+}
+
+/// The (path, problem) of a [`keyed`] message.
+fn unkey(text: &str) -> Option<(&str, &str)> {
+    text.strip_prefix(KEYED)?.split_once(KEYED)
 }
 
 /// `prefix.key`, `key` or `prefix`.
@@ -67,8 +88,8 @@ fn or_file(prefix: &str) -> String {
     }
 }
 
-/// serde's "unknown field `x`, expected one of `a`, `b`": (`x`, "expected one of ...").
-fn unknown_field(text: &str) -> Option<(&str, &str)> {
+/// serde's "unknown field `x`, expected one of `a`, `b`": (`x`, "expected one of a, b").
+fn unknown_field(text: &str) -> Option<(&str, String)> {
     let rest = text.strip_prefix("unknown field `")?;
     // The name can hold a backtick itself (an environment variable can be called anything):
     // it ends where serde's own words start.
@@ -77,9 +98,10 @@ fn unknown_field(text: &str) -> Option<(&str, &str)> {
         .filter_map(|m| rest.find(m))
         .min()
         .or_else(|| rest.find('`'))?;
-    let expected = rest[end..]
-        .find("expected")
-        .map_or("", |i| &rest[end + i..]);
+    let expected = match rest[end..].find("expected") {
+        Some(i) => rest[end + i..].replace('`', ""),
+        None => "none is taken here".to_string(),
+    };
     Some((&rest[..end], expected))
 }
 
@@ -109,7 +131,7 @@ mod tests {
         assert_eq!(ours.key, "relay.batchsize");
         assert_eq!(
             ours.problem,
-            "unknown key; expected one of `batch_size`, `mode`"
+            "unknown key (expected one of batch_size, mode)"
         );
         let t = config::Value::from(config::Map::from([(
             "concurrency".to_string(),
@@ -138,11 +160,26 @@ mod tests {
         );
         let ours = ConfigError::within("", &m);
         assert_eq!(ours.key, "`inks");
-        assert_eq!(
-            ours.problem,
-            "unknown key; expected one of `relay`, `sinks`"
-        );
+        assert_eq!(ours.problem, "unknown key (expected one of relay, sinks)");
         let m = config::ConfigError::Message("unknown field ``, there are no fields".into());
         assert_eq!(ConfigError::within("", &m).key, "configuration");
+    }
+
+    #[test]
+    fn our_deserializers_name_the_rest_of_the_path() {
+        let inner = keyed::<config::ConfigError>("as_text", "unknown key (expected json)");
+        let e = config::ConfigError::At {
+            error: Box::new(inner),
+            origin: None,
+            key: Some("payload_object.body".into()),
+        };
+        let ours = ConfigError::within("table", &e);
+        assert_eq!(ours.key, "table.payload_object.body.as_text");
+        assert_eq!(ours.problem, "unknown key (expected json)");
+        let ours = ConfigError::within("table.x", &keyed::<config::ConfigError>("", "bad"));
+        assert_eq!(
+            (ours.key.as_str(), ours.problem.as_str()),
+            ("table.x", "bad")
+        );
     }
 }

@@ -6,12 +6,23 @@
 //! - every error names the key it is about (`relay.claim_ttl: ...`), and the CLI turns it
 //!   into exit code 2;
 //! - settings that cannot be safe (G7 in docs/design.md) are refused here, before anything starts;
+//! - an unknown key is refused wherever it is (a section, `[table.*]`, an inline table such as
+//!   a `payload_object` entry, a sink's table), by its full path, from the file and from the
+//!   environment alike; only a webhook's `headers` take any name;
+//! - every value can come from the environment, where all are strings: each key reads its kind
+//!   from a string (`number`, `duration`, comma-separated lists, `status` for the status
+//!   codes), and a number outside its key's range is refused with the range (`number`; the
+//!   file's numbers beyond 64 bits reach their key too: `file`);
 //! - secrets are [`Secret`]s and never appear in `Debug` output.
 
 pub mod duration;
 mod error;
+mod file;
+pub mod number;
+mod payload;
 mod secret;
 mod sinks;
+mod status;
 mod table;
 mod validate;
 
@@ -19,15 +30,18 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use number::{U32_MAX, flag, int};
 use serde::Deserialize;
 
 pub use error::ConfigError;
+pub use payload::PayloadValue;
+use secret::secret_list;
 pub use secret::{Secret, redact_url};
 pub use sinks::{DEFAULT_CONCURRENCY, SinkCommon, SinkSettings};
-pub use table::{
-    Code, Codes, ColumnSettings, PayloadValue, RESERVED, StatusSettings, TableSettings, sql_string,
-};
+pub use status::{Code, Codes, StatusSettings};
+pub use table::{ColumnSettings, RESERVED, TableSettings};
 pub use validate::CLAIM_MARGIN;
+pub use validate::sql_string;
 
 /// The environment prefix: `OUTBOX_RELAY__DATABASE__URL` sets `database.url`.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY";
@@ -77,6 +91,7 @@ pub struct RelaySettings {
     pub poll_interval: Duration,
     /// Most rows taken by one claim statement (default 200: with 100, a drain on PostgreSQL
     /// took 0.025 statements per row, with 200 0.015, at the same rows/s or better).
+    #[serde(deserialize_with = "int::<_, _, 1, 10_000>")]
     pub batch_size: u32,
     /// Most rows claimed and not yet finished (being sent, waiting for a sink slot, or
     /// waiting for their result to be written), across all sinks. Sends at once are capped by
@@ -85,6 +100,7 @@ pub struct RelaySettings {
     /// `concurrency`, room for its rows claimed ahead and for results waiting to be written
     /// (see `sinks::DEFAULT_CONCURRENCY` for the measurement; 512 with 128 sends at once gave
     /// half of the gain, 1,024 with 64 little).
+    #[serde(deserialize_with = "int::<_, _, 1, 100_000>")]
     pub max_in_flight: u32,
     /// How long a claim keeps other instances off a row.
     #[serde(deserialize_with = "duration::deserialize")]
@@ -130,14 +146,17 @@ pub struct DatabaseSettings {
     pub url: Secret,
     /// The outbox table's name (a plain SQL identifier).
     pub table: String,
+    #[serde(deserialize_with = "int::<_, _, 1, U32_MAX>")]
     pub max_connections: u32,
     /// PostgreSQL only: LISTEN for the insert trigger's NOTIFY.
+    #[serde(deserialize_with = "flag")]
     pub listen: bool,
     /// How long to wait for a connection from the pool.
     #[serde(deserialize_with = "duration::deserialize")]
     pub connect_timeout: Duration,
     /// Run `migrate` when `run` starts (idempotent); turn off where schema changes are
     /// applied by other means.
+    #[serde(deserialize_with = "flag")]
     pub migrate: bool,
 }
 
@@ -235,26 +254,6 @@ impl LeaseSettings {
     }
 }
 
-/// A list of secrets from a TOML array or from one comma-separated string: the environment
-/// source reads values as strings (`try_parsing(false)`), so its list splitting never applies.
-fn secret_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Form {
-        List(Vec<Secret>),
-        Text(String),
-    }
-    Ok(match Form::deserialize(d)? {
-        Form::List(v) => v,
-        Form::Text(s) => s
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(Secret::new)
-            .collect(),
-    })
-}
-
 impl Default for LeaseSettings {
     fn default() -> Self {
         LeaseSettings {
@@ -279,9 +278,16 @@ pub struct RetrySettings {
     pub initial_backoff: Duration,
     #[serde(deserialize_with = "duration::deserialize")]
     pub max_backoff: Duration,
+    #[serde(deserialize_with = "multiplier")]
     pub multiplier: f64,
     /// Delivery attempts before a row is FAILED; 1 means never retry.
+    #[serde(deserialize_with = "int::<_, _, 1, U32_MAX>")]
     pub max_attempts: u32,
+}
+
+/// `multiplier`, here and in a sink's overrides: a growth, from 1 (no growth) to 100.
+fn multiplier<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    number::float(d, 1.0, 100.0)
 }
 
 impl Default for RetrySettings {
@@ -354,6 +360,7 @@ pub struct RetentionSettings {
 #[serde(default, deny_unknown_fields)]
 pub struct ConsoleSettings {
     /// True by default once the section exists; `false` turns the console off.
+    #[serde(deserialize_with = "flag")]
     pub enabled: bool,
     /// `host:port`, separate from `http.listen` (which Kubernetes exposes to Prometheus).
     pub listen: String,
@@ -363,8 +370,10 @@ pub struct ConsoleSettings {
     /// ignored. Exclusive with `token`.
     pub token_file: Option<PathBuf>,
     /// Show row payloads on the row page (they may hold personal data).
+    #[serde(deserialize_with = "flag")]
     pub show_payloads: bool,
     /// Show only the last 4 characters of recipients (phone numbers, device tokens).
+    #[serde(deserialize_with = "flag")]
     pub mask_recipients: bool,
 }
 
@@ -459,22 +468,30 @@ impl Settings {
             None => Some(PathBuf::from(DEFAULT_CONFIG_PATH)).filter(|p| p.exists()),
         };
         let mut builder = config::Config::builder();
-        if let Some(f) = &file {
-            let text = read_utf8(f)?;
-            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        let toml = match &file {
+            Some(f) => Some(file::TomlFile::parse(
+                &f.display().to_string(),
+                &read_utf8(f)?,
+            )?),
+            None => None,
+        };
+        if let Some(t) = &toml {
+            builder = builder.add_source(t.clone());
         }
         let environment = config::Environment::with_prefix(ENV_PREFIX)
             .prefix_separator("__")
             .separator("__")
-            // Values stay strings (`try_parsing(false)`): "00123" must not become 123. Lists
-            // (lease.redlock_urls) are split by their own deserializer.
+            // Values stay strings (`try_parsing(false)`): "00123" must not become 123. Each key
+            // reads its kind from a string itself (`number`, `duration`, `status`; lists
+            // comma-separated).
             .try_parsing(false)
             .source(env.map(|m| m.into_iter().collect()));
-        let raw: RawSettings = builder
+        let mut raw: RawSettings = builder
             .add_source(environment)
             .build()
             .and_then(|c| c.try_deserialize())
             .map_err(|e| from_config_error(&e, file.as_deref()))?;
+        raw.table.status.settle_kinds(toml.as_ref())?;
         let mut sinks = BTreeMap::new();
         for (name, value) in raw.sinks {
             let sink = SinkSettings::parse(&name, value)?;

@@ -40,6 +40,36 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
+/// A list of secrets from a TOML array or from one comma-separated string: the environment
+/// source reads values as strings (`try_parsing(false)`), so its list splitting never applies.
+pub(super) fn secret_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {
+    struct List;
+    impl<'de> serde::de::Visitor<'de> for List {
+        type Value = Vec<Secret>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of URLs, or one string of comma-separated URLs")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Vec<Secret>, E> {
+            Ok(s.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(Secret::new)
+                .collect())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = a.next_element::<Secret>()? {
+                out.push(s);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(List)
+}
+
 /// Removes the password from a URL (`postgres://user:pw@host/db` -> `postgres://user:***@host/db`)
 /// so that database and Redis URLs can be shown in logs and `status`.
 pub fn redact_url(url: &str) -> String {

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, RetrySettings, duration};
+use super::number::{self, U32_MAX, int, int_opt};
+use super::{ConfigError, RetrySettings, duration, multiplier};
 
 /// Keys that every sink kind accepts.
 const COMMON_KEYS: &[&str] = &[
@@ -48,20 +49,32 @@ pub struct SinkCommon {
     )]
     pub timeout: Duration,
     /// Most deliveries to this sink running at once.
-    #[serde(default = "default_concurrency")]
+    #[serde(
+        default = "default_concurrency",
+        deserialize_with = "int::<_, _, 1, U32_MAX>"
+    )]
     pub concurrency: u32,
     /// Most deliveries started per second (token bucket); unlimited when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "rate")]
     pub rate_per_sec: Option<f64>,
     /// Overrides of the global `[retry]` section; absent keys inherit.
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     pub initial_backoff: Option<Duration>,
     #[serde(default, deserialize_with = "duration::deserialize_opt")]
     pub max_backoff: Option<Duration>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "multiplier_opt")]
     pub multiplier: Option<f64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int_opt::<_, _, 1, U32_MAX>")]
     pub max_attempts: Option<u32>,
+}
+
+/// `rate_per_sec`: from one start every 1,000 seconds to a million a second.
+fn rate<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    number::float(d, 0.001, 1_000_000.0).map(Some)
+}
+
+fn multiplier_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    multiplier(d).map(Some)
 }
 
 fn default_timeout() -> Duration {
@@ -156,24 +169,10 @@ impl SinkSettings {
         let common: SinkCommon = config::Value::from(common)
             .try_deserialize()
             .map_err(|e| ConfigError::within(&prefix, &e))?;
-        if common.concurrency == 0 {
-            return Err(ConfigError::new(
-                format!("{prefix}.concurrency"),
-                "must be at least 1",
-            ));
-        }
         if common.timeout.is_zero() {
             return Err(ConfigError::new(
                 format!("{prefix}.timeout"),
                 "must be above zero",
-            ));
-        }
-        if let Some(rate) = common.rate_per_sec
-            && !(0.001..=1_000_000.0).contains(&rate)
-        {
-            return Err(ConfigError::new(
-                format!("{prefix}.rate_per_sec"),
-                "must be a number from 0.001 to 1000000",
             ));
         }
         Ok(SinkSettings {

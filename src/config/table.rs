@@ -15,8 +15,10 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::ConfigError;
-use super::validate::is_identifier;
+use super::payload::{self, PayloadValue};
+use super::status::StatusSettings;
+use super::validate::column_name;
+use super::{ConfigError, number};
 
 /// `[table]` as written: every key optional, so that "not set" can be told from a default.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -26,6 +28,7 @@ pub struct TableSettings {
     pub channel_value: Option<String>,
     /// PostgreSQL: `migrate --adopt` installs the insert trigger's NOTIFY on the mapped table
     /// and `run` listens for it (otherwise new rows are noticed by the newest id).
+    #[serde(deserialize_with = "number::flag_opt")]
     pub notify_trigger: Option<bool>,
     pub columns: ColumnSettings,
     pub status: StatusSettings,
@@ -51,83 +54,6 @@ pub struct ColumnSettings {
     pub ordering_key: Option<String>,
     pub updated_at: Option<String>,
     pub sent_at: Option<String>,
-}
-
-/// `[table.status]`: the table's value(s) for each state.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StatusSettings {
-    pub pending: Option<Codes>,
-    pub retry: Option<Codes>,
-    pub success: Option<Code>,
-    pub failed: Option<Code>,
-}
-
-/// One status value or several (the first is the one the relay writes).
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
-pub enum Codes {
-    One(Code),
-    Many(Vec<Code>),
-}
-
-impl Codes {
-    fn list(&self) -> Vec<Code> {
-        match self {
-            Codes::One(c) => vec![c.clone()],
-            Codes::Many(v) => v.clone(),
-        }
-    }
-}
-
-/// A status value: a string (`'READY'`) or an integer code (`0`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum Code {
-    Int(i64),
-    Text(String),
-}
-
-impl Code {
-    /// The value as an SQL literal (checked by [`TableSettings::validate`]).
-    pub fn literal(&self) -> String {
-        match self {
-            Code::Int(n) => n.to_string(),
-            Code::Text(s) => sql_string(s),
-        }
-    }
-}
-
-impl std::fmt::Display for Code {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Code::Int(n) => write!(f, "{n}"),
-            Code::Text(s) => write!(f, "{s}"),
-        }
-    }
-}
-
-/// One entry of `table.payload_object`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
-pub enum PayloadValue {
-    /// A column, its value as text.
-    Column(String),
-    /// `{ json = "column" }`: a column holding JSON, embedded as JSON.
-    Json { json: String },
-    /// A nested object.
-    Object(BTreeMap<String, PayloadValue>),
-}
-
-/// A string as an SQL literal: quotes doubled. Only for text checked by [`literal_safe`]
-/// (no backslash, which MySQL treats as an escape, and no control character).
-pub fn sql_string(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-/// Whether `s` may be written as an SQL string literal by [`sql_string`].
-fn literal_safe(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 200 && !s.chars().any(|c| c == '\\' || c.is_control())
 }
 
 impl TableSettings {
@@ -168,7 +94,7 @@ impl TableSettings {
         self.validate_columns()?;
         self.validate_channel()?;
         self.validate_payload()?;
-        self.validate_statuses()
+        self.status.validate()
     }
 
     /// `table.columns.*`: plain identifiers, none of the relay's bookkeeping columns, and
@@ -257,81 +183,10 @@ impl TableSettings {
                 "table.payload_object",
                 "set either table.payload_object or table.columns.payload, not both",
             )),
-            (None, Some(obj)) => payload_object("table.payload_object", obj),
+            (None, Some(obj)) => payload::validate("table.payload_object", obj),
             (Some(_), None) => Ok(()),
         }
     }
-
-    /// `table.status.*`: `pending`, `success` and `failed` set, `retry` optional; each value
-    /// usable as a literal, no value in two states (but `retry` may reuse `pending`'s), and
-    /// all integers or all strings.
-    fn validate_statuses(&self) -> Result<(), ConfigError> {
-        let s = &self.status;
-        let mut seen: Vec<(String, Code)> = Vec::new();
-        for (key, codes, required) in [
-            ("pending", s.pending.as_ref().map(Codes::list), true),
-            ("retry", s.retry.as_ref().map(Codes::list), false),
-            ("success", s.success.clone().map(|c| vec![c]), true),
-            ("failed", s.failed.clone().map(|c| vec![c]), true),
-        ] {
-            let key = format!("table.status.{key}");
-            let Some(codes) = codes else {
-                if required {
-                    return Err(ConfigError::new(
-                        key,
-                        "is required for a mapped table (the table's value for this state, \
-                         a string or an integer)",
-                    ));
-                }
-                continue;
-            };
-            if codes.is_empty() {
-                return Err(ConfigError::new(key, "must list at least one value"));
-            }
-            for code in codes {
-                status_code(&key, &code, &seen)?;
-                seen.push((key.clone(), code));
-            }
-        }
-        let kinds: Vec<bool> = seen
-            .iter()
-            .map(|(_, c)| matches!(c, Code::Int(_)))
-            .collect();
-        if kinds.iter().any(|k| *k) && kinds.iter().any(|k| !*k) {
-            return Err(ConfigError::new(
-                "table.status",
-                "mixes integer and string values; use one kind (the status column's type)",
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// One value of the status `key`: usable as a literal, and not a value of another state in
-/// `seen` (a retried row may go back to the pending value, for tables without a RETRY state;
-/// every other overlap would make a finished row unfinished).
-fn status_code(key: &str, code: &Code, seen: &[(String, Code)]) -> Result<(), ConfigError> {
-    if let Code::Text(t) = code
-        && !literal_safe(t)
-    {
-        return Err(ConfigError::new(
-            key,
-            format!(
-                "\"{t}\" is not a usable status value (1 to 200 characters, no \
-                 backslash or control character)"
-            ),
-        ));
-    }
-    if let Some((other, _)) = seen.iter().find(|(k, c)| c == code && k != key) {
-        let pending_retry = key.ends_with("retry") && other.ends_with("pending");
-        if !pending_retry {
-            return Err(ConfigError::new(
-                key,
-                format!("value {code} is also {other}"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// The relay's bookkeeping columns: `migrate --adopt` adds them, so a mapped column must not
@@ -344,44 +199,10 @@ pub const RESERVED: [&str; 5] = [
     "open_key",
 ];
 
-fn column_name(key: &str, name: &str) -> Result<(), ConfigError> {
-    if is_identifier(name) {
-        Ok(())
-    } else {
-        Err(ConfigError::new(
-            key,
-            format!(
-                "\"{name}\" is not a plain SQL identifier (letters, digits, _; at most 60 \
-                 characters)"
-            ),
-        ))
-    }
-}
-
-fn payload_object(key: &str, obj: &BTreeMap<String, PayloadValue>) -> Result<(), ConfigError> {
-    if obj.is_empty() {
-        return Err(ConfigError::new(key, "must have at least one key"));
-    }
-    for (k, v) in obj {
-        let at = format!("{key}.{k}");
-        if !literal_safe(k) {
-            return Err(ConfigError::new(
-                at,
-                "a payload key must be 1 to 200 characters without backslash or control \
-                 characters",
-            ));
-        }
-        match v {
-            PayloadValue::Column(c) | PayloadValue::Json { json: c } => column_name(&at, c)?,
-            PayloadValue::Object(inner) => payload_object(&at, inner)?,
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Code, Codes};
 
     fn seed002() -> TableSettings {
         TableSettings {

@@ -42,24 +42,12 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `[relay]`: `instance_id`, `batch_size`, `max_in_flight`, `poll_interval`, and `claim_ttl`
-/// against the longest sink timeout.
+/// `[relay]`: `instance_id`, `poll_interval`, and `claim_ttl` against the longest sink timeout
+/// (the numbers' ranges are checked as they are read: `number`).
 fn validate_relay(s: &Settings) -> Result<(), ConfigError> {
     let r = &s.relay;
     if r.instance_id.trim().is_empty() {
         return Err(ConfigError::new("relay.instance_id", "must not be empty"));
-    }
-    if r.batch_size == 0 || r.batch_size > 10_000 {
-        return Err(ConfigError::new(
-            "relay.batch_size",
-            "must be between 1 and 10000",
-        ));
-    }
-    if r.max_in_flight == 0 || r.max_in_flight > 100_000 {
-        return Err(ConfigError::new(
-            "relay.max_in_flight",
-            "must be between 1 and 100000",
-        ));
     }
     if r.poll_interval < Duration::from_millis(10) {
         return Err(ConfigError::new(
@@ -87,7 +75,7 @@ fn validate_relay(s: &Settings) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `[database]`: `url` (returning its scheme), `table`, `max_connections`.
+/// `[database]`: `url` (returning its scheme), `table`, `connect_timeout`.
 fn validate_database(db: &DatabaseSettings) -> Result<&str, ConfigError> {
     let url = db.url.expose();
     let scheme = url.split("://").next().unwrap_or("");
@@ -108,10 +96,11 @@ fn validate_database(db: &DatabaseSettings) -> Result<&str, ConfigError> {
             ),
         ));
     }
-    if db.max_connections == 0 {
+    if db.connect_timeout.is_zero() {
+        // Every wait for a pooled connection would fail at once.
         return Err(ConfigError::new(
-            "database.max_connections",
-            "must be at least 1",
+            "database.connect_timeout",
+            "must be above zero",
         ));
     }
     Ok(scheme)
@@ -124,6 +113,13 @@ fn validate_lease(l: &LeaseSettings, scheme: &str) -> Result<(), ConfigError> {
         return Err(ConfigError::new(
             "lease.name",
             "must be 1 to 200 characters",
+        ));
+    }
+    if l.renew_timeout.is_zero() {
+        // Every acquire and renewal would time out at once: no instance would ever deliver.
+        return Err(ConfigError::new(
+            "lease.renew_timeout",
+            "must be above zero",
         ));
     }
     if l.ttl < Duration::from_millis(300) {
@@ -323,19 +319,9 @@ fn validate_console(c: &super::ConsoleSettings, http_listen: &str) -> Result<(),
     Ok(())
 }
 
+/// `initial_backoff` against `max_backoff` (`max_attempts` and `multiplier` are checked as
+/// they are read: `number`).
 fn validate_retry(section: &str, r: &RetrySettings) -> Result<(), ConfigError> {
-    if r.max_attempts == 0 {
-        return Err(ConfigError::new(
-            format!("{section}.max_attempts"),
-            "must be at least 1 (1 means never retry)",
-        ));
-    }
-    if !(r.multiplier >= 1.0 && r.multiplier <= 100.0) {
-        return Err(ConfigError::new(
-            format!("{section}.multiplier"),
-            "must be between 1.0 and 100.0",
-        ));
-    }
     if r.initial_backoff.is_zero() || r.initial_backoff > r.max_backoff {
         return Err(ConfigError::new(
             format!("{section}.initial_backoff"),
@@ -352,4 +338,30 @@ pub fn is_identifier(s: &str) -> bool {
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
         && s.len() <= 60
+}
+
+/// A string as an SQL literal: quotes doubled. Only for text checked by [`literal_safe`]
+/// (no backslash, which MySQL treats as an escape, and no control character).
+pub fn sql_string(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Whether `s` may be written as an SQL string literal by [`sql_string`].
+pub(super) fn literal_safe(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 200 && !s.chars().any(|c| c == '\\' || c.is_control())
+}
+
+/// Refuses `name` at `key` unless it is a plain SQL identifier ([`is_identifier`]).
+pub(super) fn column_name(key: &str, name: &str) -> Result<(), ConfigError> {
+    if is_identifier(name) {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            key,
+            format!(
+                "\"{name}\" is not a plain SQL identifier (letters, digits, _; at most 60 \
+                 characters)"
+            ),
+        ))
+    }
 }

@@ -20,6 +20,7 @@ use sha2::Sha256;
 
 use super::Console;
 use super::queries::Form;
+use super::throttle::Throttle;
 use super::view::{self, esc};
 
 /// The session cookie's name.
@@ -28,9 +29,6 @@ const COOKIE: &str = "outbox_console";
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// Most sessions remembered at once (each login adds one; expired ones are dropped first).
 const MAX_SESSIONS: usize = 10_000;
-/// How long a wrong token is answered late, so guessing is slow even from many connections
-/// (a token has at least 16 characters anyway).
-const WRONG_TOKEN_DELAY: Duration = Duration::from_millis(400);
 
 /// The console's keys and live sessions.
 pub(super) struct Auth {
@@ -40,6 +38,8 @@ pub(super) struct Auth {
     token_mac: Vec<u8>,
     /// Live session ids and when each expires (seconds since the epoch).
     sessions: Mutex<HashMap<String, u64>>,
+    /// How long wrong tokens are answered late, across every connection.
+    throttle: Throttle,
 }
 
 /// The answer to a request that may not go on (boxed: a response is large).
@@ -104,6 +104,7 @@ impl Auth {
             token_mac: m.finalize().into_bytes().to_vec(),
             mac,
             sessions: Mutex::new(HashMap::new()),
+            throttle: Throttle::new(),
         }
     }
 
@@ -207,33 +208,96 @@ fn cookie(headers: &HeaderMap) -> Option<&str> {
         .map(|(_, v)| v)
 }
 
-/// Who this request comes from, if it carries the token or a live session.
-fn identify(c: &Console, headers: &HeaderMap, peer: SocketAddr) -> Option<Who> {
+/// What a request's credentials say.
+enum Identity {
+    /// The token, or a live session.
+    Known(Who),
+    /// `Authorization: Bearer` with another token.
+    WrongToken,
+    /// No token and no live session.
+    Unknown,
+}
+
+/// Who this request comes from: the token (checked first, in constant time, so the right one
+/// is never held by the throttle) or a live session.
+fn identify(c: &Console, headers: &HeaderMap, peer: SocketAddr) -> Identity {
     let auth = &c.inner.auth;
     if let Some(bearer) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
     {
-        return auth.token_ok(bearer.trim()).then_some(Who {
+        if !auth.token_ok(bearer.trim()) {
+            return Identity::WrongToken;
+        }
+        auth.throttle.right(peer.ip());
+        return Identity::Known(Who {
             session: None,
             operator: None,
             peer,
         });
     }
-    let (sid, operator) = auth.session(cookie(headers)?)?;
-    Some(Who {
-        session: Some(sid),
-        operator,
-        peer,
+    match cookie(headers).and_then(|v| auth.session(v)) {
+        Some((sid, operator)) => Identity::Known(Who {
+            session: Some(sid),
+            operator,
+            peer,
+        }),
+        None => Identity::Unknown,
+    }
+}
+
+/// Holds the answer to a wrong token (at a login or as a bearer) as long as the process-wide
+/// limiter says (`throttle`), or until the console stops, and logs it (at most one line per
+/// answer, so the log is throttled too). True when the answer is 429: too many wrong tokens.
+async fn wrong_token(c: &Console, peer: SocketAddr, via: &'static str) -> bool {
+    let hold = c.inner.auth.throttle.wrong(peer.ip());
+    tokio::select! {
+        _ = tokio::time::sleep(hold.wait) => {}
+        _ = c.inner.stop.cancelled() => {}
+    }
+    tracing::warn!(
+        %peer,
+        via,
+        held_ms = hold.wait.as_millis() as u64,
+        too_many = hold.too_many,
+        "console: wrong token (answer throttled)"
+    );
+    hold.too_many
+}
+
+/// The answer to a wrong bearer token, once held.
+async fn wrong_bearer(c: &Console, peer: SocketAddr) -> Refusal {
+    Box::new(if wrong_token(c, peer, "bearer").await {
+        too_many()
+    } else {
+        unauthorized()
     })
 }
 
+/// 429: too many wrong tokens lately.
+fn too_many() -> Response {
+    let mut r = view::error_page(
+        StatusCode::TOO_MANY_REQUESTS,
+        "Too many wrong tokens lately: try again in a minute.",
+    );
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+    r
+}
+
 /// The identity of a page request, or the answer to give without one: a browser (asking for
-/// HTML) is sent to the login page, anything else gets 401.
-fn page(c: &Console, headers: &HeaderMap, peer: SocketAddr, path: &str) -> Result<Who, Refusal> {
-    if let Some(who) = identify(c, headers, peer) {
-        return Ok(who);
+/// HTML) is sent to the login page, anything else gets 401 (a wrong bearer token, late).
+async fn page(
+    c: &Console,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+    path: &str,
+) -> Result<Who, Refusal> {
+    match identify(c, headers, peer) {
+        Identity::Known(who) => return Ok(who),
+        Identity::WrongToken => return Err(wrong_bearer(c, peer).await),
+        Identity::Unknown => {}
     }
     let wants_html = headers
         .get(header::ACCEPT)
@@ -280,8 +344,13 @@ fn cross_site(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The identity behind an action (a POST), or the refusal: 403 when cross-site or without the
-/// session's CSRF token, 401 without the token.
-fn action(c: &Console, headers: &HeaderMap, peer: SocketAddr, form: &Form) -> Result<Who, Refusal> {
+/// session's CSRF token, 401 without the token (a wrong bearer token, late).
+async fn action(
+    c: &Console,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+    form: &Form,
+) -> Result<Who, Refusal> {
     if let Some(why) = cross_site(headers) {
         tracing::warn!(%peer, reason = %why, "console: cross-site request refused");
         return Err(Box::new(view::error_page(
@@ -289,8 +358,10 @@ fn action(c: &Console, headers: &HeaderMap, peer: SocketAddr, form: &Form) -> Re
             &format!("Refused: a cross-site request ({why}). Use the console's own pages."),
         )));
     }
-    let Some(who) = identify(c, headers, peer) else {
-        return Err(Box::new(unauthorized()));
+    let who = match identify(c, headers, peer) {
+        Identity::Known(who) => who,
+        Identity::WrongToken => return Err(wrong_bearer(c, peer).await),
+        Identity::Unknown => return Err(Box::new(unauthorized())),
     };
     if who.session.is_some() {
         let sent = form.get("csrf").unwrap_or("");
@@ -329,6 +400,7 @@ impl FromRequestParts<Console> for Viewer {
     async fn from_request_parts(parts: &mut Parts, c: &Console) -> Result<Self, Response> {
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         page(c, &parts.headers, peer_of(parts), path)
+            .await
             .map(Viewer)
             .map_err(|r| *r)
     }
@@ -353,7 +425,9 @@ impl FromRequest<Console> for Act {
             ));
         };
         let form = Form::parse(&bytes);
-        let who = action(c, &parts.headers, peer_of(&parts), &form).map_err(|r| *r)?;
+        let who = action(c, &parts.headers, peer_of(&parts), &form)
+            .await
+            .map_err(|r| *r)?;
         Ok(Act { who, form })
     }
 }
@@ -400,11 +474,14 @@ pub(super) async fn login(
     let next = view::local_path(form.get("next").unwrap_or("/"))
         .unwrap_or("/")
         .to_string();
+    // The token first, in constant time: the right one is never held by the throttle.
     if !c.inner.auth.token_ok(form.get("token").unwrap_or("")) {
-        tracing::warn!(%peer, "console: login with a wrong token");
-        tokio::time::sleep(WRONG_TOKEN_DELAY).await;
+        if wrong_token(&c, peer, "login").await {
+            return too_many();
+        }
         return login_form(StatusCode::UNAUTHORIZED, &next, Some("Wrong token."));
     }
+    c.inner.auth.throttle.right(peer.ip());
     // A name for the logs: printable, at most 64 characters.
     let operator: String = form
         .get("operator")

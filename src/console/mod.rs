@@ -6,6 +6,9 @@
 //! - every page, query and action needs the token, as a login session (an HttpOnly,
 //!   SameSite=Strict cookie carrying a MAC'd session id, never the token) or as
 //!   `Authorization: Bearer`; tokens and MACs are compared in constant time;
+//! - the right token is accepted at once; the answer to a wrong one is held by a process-wide
+//!   limiter (per address and for all together: `throttle`), so guessing is slow however many
+//!   connections guess, and memory stays bounded;
 //! - actions are POST only and refused with 403 when cross-site (`Sec-Fetch-Site`, `Origin`)
 //!   or, for a cookie session, without the session's CSRF token;
 //! - actions go through the store's own verbs (`requeue`, `purge`), so they keep the CLI's
@@ -26,6 +29,7 @@ mod auth;
 mod live;
 mod pages;
 mod queries;
+mod throttle;
 mod view;
 
 use std::net::SocketAddr;

@@ -7,7 +7,7 @@
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, Secret};
+use crate::config::{ConfigError, Secret, number};
 
 /// FCM's production host.
 pub const DEFAULT_ENDPOINT: &str = "https://fcm.googleapis.com";
@@ -81,7 +81,7 @@ struct RawFcm {
     #[serde(default)]
     endpoint: Option<String>,
     /// See [`FcmConfig::validate_only`].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "number::flag")]
     validate_only: bool,
 }
 

@@ -10,7 +10,7 @@
 use serde::Deserialize;
 
 use super::subject::{self, Route};
-use crate::config::{ConfigError, Secret};
+use crate::config::{ConfigError, Secret, number};
 
 /// NATS' own default `max_payload` (1 MiB): larger messages are refused by a default server.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
@@ -61,6 +61,10 @@ struct RawNats {
     token: Option<Secret>,
     user: Option<String>,
     password: Option<Secret>,
+    #[serde(
+        default,
+        deserialize_with = "number::int_opt::<_, _, 1, { number::USIZE_MAX }>"
+    )]
     max_payload_bytes: Option<usize>,
 }
 
@@ -119,12 +123,6 @@ impl NatsConfig {
             ));
         }
         let max_payload_bytes = raw.max_payload_bytes.unwrap_or(DEFAULT_MAX_PAYLOAD_BYTES);
-        if max_payload_bytes == 0 {
-            return Err(ConfigError::new(
-                key("max_payload_bytes"),
-                "must be above zero",
-            ));
-        }
         let auth = parse_auth(
             &key,
             raw.credentials_file,

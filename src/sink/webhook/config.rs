@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::config::{ConfigError, Secret};
+use crate::config::{ConfigError, Secret, number};
 
 /// A webhook sink's own settings.
 #[derive(Debug, Clone, Deserialize)]
@@ -24,7 +24,10 @@ pub struct WebhookConfig {
     #[serde(default)]
     pub headers: BTreeMap<String, Secret>,
     /// Larger payloads are FAILED without being sent.
-    #[serde(default = "default_max_body")]
+    #[serde(
+        default = "default_max_body",
+        deserialize_with = "number::int::<_, _, 1, { number::USIZE_MAX }>"
+    )]
     pub max_body_bytes: usize,
 }
 
@@ -81,12 +84,6 @@ impl WebhookConfig {
                     "is not a valid HTTP header",
                 ));
             }
-        }
-        if cfg.max_body_bytes == 0 {
-            return Err(ConfigError::new(
-                format!("{prefix}.max_body_bytes"),
-                "must be above zero",
-            ));
         }
         Ok(cfg)
     }

@@ -153,20 +153,22 @@ pub fn failed_condition(db: &Db, f: &FailedFilter) -> Sql {
         q.push(&format!(" AND {} = ", c.channel(""))).text(ch);
     }
     if let Some(text) = &f.error_contains {
-        // `!` escapes the wildcards, so the text is matched literally on every database.
+        // `!` escapes the wildcards, so the text is matched literally on every database. Both
+        // sides are folded by the database's own LOWER(), never by this process: a row's own
+        // text, typed in any case the database counts as the same, finds the row
+        // (docs/console.md, "Pages"; Rust and the databases fold non-ASCII text differently).
         let pattern = format!(
             "%{}%",
-            text.to_lowercase()
-                .replace('!', "!!")
+            text.replace('!', "!!")
                 .replace('%', "!%")
                 .replace('_', "!_")
         );
         // A table without a last_error column has no error text to match.
         match &c.last_error {
             Some(col) => q
-                .push(&format!(" AND LOWER({}) LIKE ", s.cast_text(col)))
+                .push(&format!(" AND LOWER({}) LIKE LOWER(", s.cast_text(col)))
                 .text(&pattern)
-                .push(" ESCAPE '!'"),
+                .push(") ESCAPE '!'"),
             None => q.push(" AND 1 = 0"),
         };
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::support::process::*;
 
+mod keys;
 mod settings;
 
 /// What one run of the binary produced.
@@ -101,6 +102,29 @@ fn both_verbs_refuse_every_class_of_error_with_exit_2_naming_the_key() {
             "[sinks.hook]\nkind = \"webhook\"\nurl = \"http://127.0.0.1:1/\"\nurll = \"x\"\n",
             &[],
             &["sinks.hook", "urll"],
+        ),
+        // An unknown key in an inline table (a payload_object entry), from the file and the
+        // environment.
+        (
+            "[table.payload_object]\nbody = { json = \"body\", as_text = true }\n",
+            &[],
+            &["table.payload_object.body.as_text", "unknown key"],
+        ),
+        (
+            "[table.payload_object.body]\njson = \"body\"\n",
+            &[("OUTBOX_RELAY__TABLE__PAYLOAD_OBJECT__BODY__AS_TEXT", "true")],
+            &["table.payload_object.body.as_text"],
+        ),
+        // A number too large for 64 bits, and one that is not a number, naming key and range.
+        (
+            "[relay]\nbatch_size = 1180591620717411303424\n",
+            &[],
+            &["relay.batch_size", "too large", "from 1 to 10000"],
+        ),
+        (
+            "",
+            &[("OUTBOX_RELAY__RETRY__MULTIPLIER", "NaN")],
+            &["retry.multiplier", "from 1 to 100"],
         ),
         // A duration without a unit or in words.
         (

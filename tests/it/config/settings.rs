@@ -31,7 +31,7 @@ fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Loads the configuration and parses every sink's own keys, as the CLI does.
-fn load(toml: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+pub(super) fn load(toml: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
     let f = file(toml);
     let s = Settings::load_with_env(Some(&f.path), Some(env(vars)))?;
     SinkSpec::all(&s)?;
@@ -39,16 +39,16 @@ fn load(toml: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
 }
 
 /// The parsed kind of sink `name`.
-fn kind(s: &Settings, name: &str) -> SinkKind {
+pub(super) fn kind(s: &Settings, name: &str) -> SinkKind {
     SinkSpec::parse(&s.sinks[name]).expect("sink parses").kind
 }
 
-fn ok(toml: &str, vars: &[(&str, &str)]) -> Settings {
+pub(super) fn ok(toml: &str, vars: &[(&str, &str)]) -> Settings {
     load(toml, vars).unwrap_or_else(|e| panic!("{toml:?} {vars:?} should load: {e}"))
 }
 
 /// Loading fails with an error whose key is `key`; returns it.
-fn err(toml: &str, vars: &[(&str, &str)], key: &str) -> ConfigError {
+pub(super) fn err(toml: &str, vars: &[(&str, &str)], key: &str) -> ConfigError {
     match load(toml, vars) {
         Ok(s) => panic!("{toml:?} {vars:?} should be refused, loaded {s:?}"),
         Err(e) => {

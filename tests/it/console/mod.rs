@@ -7,7 +7,9 @@
 //! existing tables mapped by `[table]`.
 
 mod browser;
+mod filter;
 mod mapped;
+mod throttle;
 
 use std::time::Duration;
 
