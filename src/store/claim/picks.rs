@@ -185,6 +185,14 @@ impl<'a> Picker<'a> {
                 q.push(&format!(" AND {} IS NOT NULL", self.channel("o.")));
             }
             Filter::NotIn([]) => {}
+            // A mapped channel column may hold NULL, which no sink serves: such a row is
+            // claimed here and failed naming the column, not left unclaimed for ever.
+            Filter::NotIn(cs) if self.db.cols().mapped => {
+                let ch = self.channel("o.");
+                q.push(&format!(" AND ({ch} IS NULL OR {ch} NOT IN ("))
+                    .texts(cs)
+                    .push("))");
+            }
             Filter::NotIn(cs) => {
                 q.push(&format!(" AND {} NOT IN (", self.channel("o.")))
                     .texts(cs)

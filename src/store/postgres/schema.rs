@@ -5,7 +5,7 @@
 use sqlx::Executor;
 
 use super::Postgres;
-use super::notify::notify_trigger;
+use super::notify::{notify_channel, notify_statements, notify_trigger};
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::schema::{
@@ -75,26 +75,55 @@ impl SchemaSql for Postgres {
         q
     }
 
+    /// A quoted name is the name exactly: `table_name = $1`, not folded.
     fn live_columns(&self, table: &str) -> Sql {
         let mut q = Sql::new(
-            "SELECT column_name::text, data_type::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name = lower(",
+            "SELECT column_name::text, data_type::text, udt_name::text, \
+             character_maximum_length::bigint, is_nullable::text, collation_name::text, \
+             NULL::text FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name::text = ",
         );
-        q.text(table).push(")");
+        q.text(table).push(" ORDER BY ordinal_position");
         q
     }
 
-    fn object_exists(&self, name: &str, trigger: bool) -> Sql {
+    fn table_names(&self) -> Sql {
+        Sql::new(
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = current_schema()",
+        )
+    }
+
+    /// Quoted names are case-sensitive.
+    fn resolves(&self, configured: &str, live: &str) -> bool {
+        configured == live
+    }
+
+    fn enum_labels(&self, udt: &str) -> Option<Sql> {
+        let mut q = Sql::new(
+            "SELECT e.enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid \
+             WHERE t.typname::text = ",
+        );
+        q.text(udt).push(" ORDER BY e.enumsortorder");
+        Some(q)
+    }
+
+    fn object_exists(&self, table: &str, name: &str, trigger: bool) -> Sql {
         let mut q = Sql::new(match trigger {
             true => {
-                "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal AND tgname::text = lower("
+                "SELECT COUNT(*) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid \
+                 WHERE NOT g.tgisinternal AND c.relnamespace = current_schema()::regnamespace \
+                 AND c.relname::text = "
             }
             false => {
                 "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
-                 AND indexname::text = lower("
+                 AND tablename::text = "
             }
         });
-        q.text(name).push(")");
+        let what = if trigger { "g.tgname" } else { "indexname" };
+        q.text(table)
+            .push(&format!(" AND {what}::text = "))
+            .text(name);
         q
     }
 
@@ -115,8 +144,10 @@ impl SchemaSql for Postgres {
         partial_indexes(db)
     }
 
-    fn notify_trigger(&self, table: &str) -> Vec<String> {
-        notify_trigger(table)
+    fn notify_trigger(&self, db: &Db) -> Option<(String, Vec<String>)> {
+        let (name, sql) = db.object("notify");
+        let channel = notify_channel(db.table_name());
+        Some((name, notify_statements(db.table(), &sql, &channel)))
     }
 }
 
