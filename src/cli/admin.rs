@@ -157,6 +157,20 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
         for (status, channel, n) in &report.counts {
             say!("{status:<8} {channel:<20} {n:>10}");
         }
+        let any = |f: &dyn Fn(&str) -> bool| report.counts.iter().any(|(s, _, _)| f(s));
+        if any(&|s| s == "PARKED") {
+            say!(
+                "PARKED: the database refused every result for these rows, so they are not \
+                 claimed again (see the relay's log); fix the cause, then `outbox-relay requeue \
+                 --id <id>` (docs/adopting-a-table.md)"
+            );
+        }
+        if any(&|s| s == "NULL" || s.starts_with("UNKNOWN(")) {
+            say!(
+                "NULL, UNKNOWN(...): a status no state of [table.status] maps; the relay never \
+                 claims these rows"
+            );
+        }
     }
     match report.oldest_pending {
         Some(age) => say!("oldest pending: {:.1}s", age.as_secs_f64()),

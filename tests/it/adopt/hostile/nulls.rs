@@ -137,3 +137,24 @@ async fn nulls_in_every_mapped_column_are_shown_never_hidden_or_fatal(db: Db) {
     let status = ok(&td, &cfg, &["status"]).await;
     assert!(status.contains("UNKNOWN(LEGACY)"), "{status}");
 }
+
+per_db!(an_id_that_may_be_null_is_refused);
+/// A row without an id could be neither claimed nor written: `check-config` asks for a
+/// NOT NULL id (a primary key) before any claim could stall on one.
+async fn an_id_that_may_be_null_is_refused(db: Db) {
+    let Some(td) = app_db(db, "hostile_null_id").await else {
+        return;
+    };
+    exec(
+        &td,
+        "CREATE TABLE {T} (id BIGINT NULL, body TEXT NULL, st VARCHAR(8) NOT NULL)",
+    )
+    .await;
+    let mapping = "[table]\nchannel_value = \"hook\"\n[table.columns]\nid = \"id\"\n\
+                   status = \"st\"\npayload = \"body\"\n[table.status]\npending = \"NEW\"\n\
+                   success = \"SENT\"\nfailed = \"FAILED\"\n";
+    let cfg = config("http://127.0.0.1:1/hook", mapping, 1);
+    let said = ["table.columns.id", "may be NULL"];
+    refused(&td, &cfg, &["check-config"], &said).await;
+    refused(&td, &cfg, &["migrate", "--adopt"], &said).await;
+}
