@@ -13,6 +13,7 @@ pub use connect::{
 };
 
 use crate::store::sql::ident::derived;
+use crate::store::sql::payload::LiveType;
 use crate::store::sql::{AnyQuery, Columns, Dialect, Sql, Syntax};
 
 /// One outbox table on one database.
@@ -95,7 +96,7 @@ impl Db {
 
     /// The same handle knowing the server's types of the mapped columns (see
     /// [`Columns::with_types`]).
-    pub fn with_types(mut self, types: std::collections::BTreeMap<String, String>) -> Db {
+    pub fn with_types(mut self, types: std::collections::BTreeMap<String, LiveType>) -> Db {
         self.cols = self.cols.with_types(types, self.syntax);
         self
     }

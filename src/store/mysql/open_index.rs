@@ -16,6 +16,12 @@ use crate::store::db::Db;
 pub const OPEN_CHANNEL: &str = "open_channel";
 /// The virtual column holding the ordering key of unfinished rows.
 pub const OPEN_KEY: &str = "open_key";
+/// The most characters of an ordering key `open_key` can hold: its index with the id must fit
+/// InnoDB's 3,072 bytes at four bytes a character (utf8mb4).
+pub const MAX_KEY_CHARS: i64 = 765;
+/// `open_channel`'s width: every sink name fits, and a longer channel (cut to this) is no
+/// sink's either, so its row is failed as unserved, naming the real value.
+const CHANNEL_CHARS: i64 = 191;
 
 /// The index `name` (`open_idx`, `open_key_idx`, `failed_idx`) of the table, as SQL names it.
 fn index(db: &Db, name: &str) -> String {
@@ -102,6 +108,11 @@ pub fn failed_rows(db: &Db) -> (String, &'static str) {
 /// what the server reads from it anyway. A NULL channel becomes `''`, which no sink is named:
 /// the row is claimed by the pick of unserved channels and failed naming the column, instead
 /// of staying out of every index (docs/adopting-a-table.md, "NULLs").
+///
+/// Each column is wide enough for every value of its source: in strict mode a value too long
+/// for an indexed virtual column fails the application's INSERT. The key's column is as wide
+/// as the key column (the live check refuses one wider than [`MAX_KEY_CHARS`]); a channel is
+/// cut to [`CHANNEL_CHARS`].
 pub fn open_columns_ddl(db: &Db) -> Vec<(String, String)> {
     let c = db.cols();
     let open = c.open_by_equalities("");
@@ -110,20 +121,26 @@ pub fn open_columns_ddl(db: &Db) -> Vec<(String, String)> {
         _ => col.to_string(),
     };
     let channel = match c.channel_column() {
-        Some(ch) => format!("COALESCE({}, '')", value(ch)),
+        Some(ch) if c.max_len_of(ch).is_some_and(|n| n <= CHANNEL_CHARS) => {
+            format!("COALESCE({}, '')", value(ch))
+        }
+        Some(ch) => format!("LEFT(COALESCE({}, ''), {CHANNEL_CHARS})", value(ch)),
         None => c.channel(""),
     };
     let mut out = vec![(
         OPEN_CHANNEL.to_string(),
         format!(
-            "ADD COLUMN {OPEN_CHANNEL} VARCHAR(191) AS (CASE WHEN {open} THEN {channel} END) VIRTUAL"
+            "ADD COLUMN {OPEN_CHANNEL} VARCHAR({CHANNEL_CHARS}) AS (CASE WHEN {open} THEN \
+             {channel} END) VIRTUAL"
         ),
     )];
     if let Some(k) = &c.ordering_key {
+        // A number, a date, a time: its text is short.
+        let width = c.max_len_of(k).unwrap_or(64).clamp(1, MAX_KEY_CHARS);
         out.push((
             OPEN_KEY.to_string(),
             format!(
-                "ADD COLUMN {OPEN_KEY} VARCHAR(191) AS (CASE WHEN {open} THEN {} END) VIRTUAL",
+                "ADD COLUMN {OPEN_KEY} VARCHAR({width}) AS (CASE WHEN {open} THEN {} END) VIRTUAL",
                 value(k)
             ),
         ));

@@ -8,7 +8,7 @@
 use sqlx::{Executor, Row};
 
 use super::MySql;
-use super::open_index::{OPEN_CHANNEL, OPEN_KEY, open_columns_ddl, open_indexes};
+use super::open_index::{MAX_KEY_CHARS, OPEN_CHANNEL, OPEN_KEY, open_columns_ddl, open_indexes};
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::schema::{ClaimSupport, ColumnTypes, Conn, SchemaSql};
@@ -119,6 +119,11 @@ impl SchemaSql for MySql {
             .push(")) AND INDEX_NAME = ")
             .text(name);
         q
+    }
+
+    /// The ordering key of unfinished rows is indexed in a virtual column (`open_index.rs`).
+    fn max_key_chars(&self) -> Option<i64> {
+        Some(MAX_KEY_CHARS)
     }
 
     /// DDL commits at once here: `migrate --adopt` undoes each step that ran.

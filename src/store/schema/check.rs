@@ -134,6 +134,22 @@ impl Check<'_> {
                 self.want(key, col, &any_text, "a scalar value");
             }
         }
+        if let (Some(k), Some(max)) = (&c.ordering_key, self.sql.max_key_chars())
+            && let Some(col) = find(self.sql, self.live, k)
+            && col.max_len.is_some_and(|n| n > max)
+        {
+            self.problems.push(Problem::at(
+                "table.columns.ordering_key",
+                format!(
+                    "column \"{}\" ({}) holds values of up to {} characters; claims index the \
+                     ordering key of unfinished rows, at most {max} characters here: map a \
+                     column of VARCHAR({max}) or shorter",
+                    col.name,
+                    col.full,
+                    col.max_len.unwrap_or_default()
+                ),
+            ));
+        }
         if let Some(e) = &c.last_error {
             self.want("table.columns.last_error", e, &[Text], "text");
         }
@@ -206,14 +222,27 @@ impl Check<'_> {
         });
     }
 
-    /// The relay's bookkeeping columns.
+    /// The relay's bookkeeping columns: present, and (a column of the table's own of that
+    /// name, not mapped, is taken for it) of the kind the relay writes there.
     fn bookkeeping_columns(&mut self) {
-        for (name, _) in bookkeeping(self.db, self.sql) {
-            if find(self.sql, self.live, &name).is_none() {
-                self.needs_adopt(format!(
+        for (name, ddl) in bookkeeping(self.db, self.sql) {
+            match find(self.sql, self.live, &name) {
+                None => self.needs_adopt(format!(
                     "the relay's bookkeeping column \"{}\" is missing: {RUN_ADOPT}",
                     bare(&name)
-                ));
+                )),
+                Some(col) if self.sql.typed_columns() && kind(&col.ty) != kind(ddl) => {
+                    let message = format!(
+                        "the table's column \"{}\" ({}) is where the relay keeps its own \
+                         \"{}\" ({ddl}); map the relay's column to another name, or rename this \
+                         one",
+                        col.name,
+                        col.full,
+                        bare(&name)
+                    );
+                    self.problems.push(Problem::at("table", message));
+                }
+                Some(_) => {}
             }
         }
     }

@@ -14,6 +14,7 @@ use sqlx::Row;
 use super::SchemaSql;
 use crate::store::db::Db;
 use crate::store::sql::ident::bare;
+use crate::store::sql::payload::LiveType;
 
 /// One column of the live table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -124,7 +125,7 @@ pub async fn table_names(db: &Db, sql: &dyn SchemaSql) -> anyhow::Result<Vec<Str
 /// The server's type of every mapped column the relay reads as text or writes expressions
 /// over (the payload object's, the recipient, the ordering key, the channel, the status), by
 /// its SQL form: what [`Db::with_types`] takes.
-pub fn text_types(db: &Db, sql: &dyn SchemaSql, live: &[LiveColumn]) -> BTreeMap<String, String> {
+pub fn text_types(db: &Db, sql: &dyn SchemaSql, live: &[LiveColumn]) -> BTreeMap<String, LiveType> {
     let c = db.cols();
     let mut read: Vec<String> = c
         .payload_columns()
@@ -138,7 +139,11 @@ pub fn text_types(db: &Db, sql: &dyn SchemaSql, live: &[LiveColumn]) -> BTreeMap
     read.push(c.status.clone());
     read.into_iter()
         .filter_map(|col| {
-            let ty = find(sql, live, &col)?.ty.clone();
+            let found = find(sql, live, &col)?;
+            let ty = LiveType {
+                ty: found.ty.clone(),
+                max_len: found.max_len,
+            };
             Some((col, ty))
         })
         .collect()

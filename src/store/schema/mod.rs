@@ -114,6 +114,11 @@ pub trait SchemaSql: Send + Sync {
     /// `SELECT COUNT(*)` of indexes (or, `trigger`, triggers) named `name` on `table`.
     fn object_exists(&self, table: &str, name: &str, trigger: bool) -> Sql;
 
+    /// The most characters of an ordering key claims can index here (`None`: any).
+    fn max_key_chars(&self) -> Option<i64> {
+        None
+    }
+
     /// Whether DDL runs in a transaction here, so that `migrate --adopt` is undone by a
     /// rollback; elsewhere each step that ran is undone by its own statement.
     fn transactional_ddl(&self) -> bool {

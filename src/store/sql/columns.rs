@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use super::dialect::Syntax;
 use super::ident::{quote, quote_object};
-use super::payload::Payload;
+use super::payload::{LiveType, Payload};
 use crate::config::{Code, TableSettings, sql_string};
 use crate::store::model::PARKED_BY;
 
@@ -76,7 +76,7 @@ pub struct Columns {
     values: [Vec<Code>; 4],
     /// The server's type of mapped columns read as text (by their SQL form), once the live
     /// table was read ([`Columns::with_types`]).
-    types: BTreeMap<String, String>,
+    types: BTreeMap<String, LiveType>,
     /// PostgreSQL: the table has (or `migrate --adopt` installs) the NOTIFY trigger.
     pub notify: bool,
     /// Which columns are the relay's bookkeeping on a mapped table (not mapped by it).
@@ -274,7 +274,7 @@ impl Columns {
 
     /// The same mapping knowing the server's type of its columns (`types`: lower-case type
     /// name by the column's SQL form), so that each is read as text in its type's format.
-    pub fn with_types(mut self, types: BTreeMap<String, String>, s: &dyn Syntax) -> Columns {
+    pub fn with_types(mut self, types: BTreeMap<String, LiveType>, s: &dyn Syntax) -> Columns {
         self.types = types;
         self.channel_as_text = match &self.channel {
             Some(c) if !s.compares_with_text(self.type_of(c)) => s
@@ -288,7 +288,12 @@ impl Columns {
 
     /// The server's type of a column (by its SQL form), empty when unknown.
     pub fn type_of(&self, col: &str) -> &str {
-        self.types.get(col).map_or("", String::as_str)
+        self.types.get(col).map_or("", |t| t.ty.as_str())
+    }
+
+    /// The most characters a column (by its SQL form) holds, where the live table says.
+    pub fn max_len_of(&self, col: &str) -> Option<i64> {
+        self.types.get(col).and_then(|t| t.max_len)
     }
 
     /// The channel column, if the channel is not a constant.

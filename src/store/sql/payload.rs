@@ -14,6 +14,15 @@ use std::collections::BTreeMap;
 use super::dialect::Syntax;
 use crate::config::{PayloadValue, sql_string};
 
+/// What the live table says of a mapped column (read at start, `Columns::with_types`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveType {
+    /// The server's type name, lower-case.
+    pub ty: String,
+    /// Characters a text column holds at most.
+    pub max_len: Option<i64>,
+}
+
 /// How the payload is read.
 #[derive(Debug, Clone)]
 pub enum Payload {
@@ -26,7 +35,7 @@ pub enum Payload {
 impl Payload {
     /// The payload of row `a` as JSON; `types` has the server's type of each column (by its
     /// SQL form), where known.
-    pub fn render(&self, a: &str, s: &dyn Syntax, types: &BTreeMap<String, String>) -> String {
+    pub fn render(&self, a: &str, s: &dyn Syntax, types: &BTreeMap<String, LiveType>) -> String {
         match self {
             Payload::Column(c) => format!("{a}{c}"),
             Payload::Object(obj) => object(a, obj, s, types),
@@ -85,14 +94,14 @@ fn object(
     a: &str,
     obj: &BTreeMap<String, PayloadValue>,
     s: &dyn Syntax,
-    types: &BTreeMap<String, String>,
+    types: &BTreeMap<String, LiveType>,
 ) -> String {
     let args: Vec<String> = obj
         .iter()
         .map(|(k, v)| {
             let value = match v {
                 PayloadValue::Column(c) => {
-                    let ty = types.get(c).map_or("", String::as_str);
+                    let ty = types.get(c).map_or("", |t| t.ty.as_str());
                     s.scalar_text(&format!("{a}{c}"), ty)
                 }
                 PayloadValue::Json { json } => s.json_value(&format!("{a}{json}")),

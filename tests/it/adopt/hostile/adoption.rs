@@ -202,3 +202,59 @@ async fn a_dry_run_changes_nothing(db: Db) {
         );
     }
 }
+
+per_db!(adoption_never_refuses_the_applications_rows);
+/// What `migrate --adopt` adds never refuses a row the application could insert before: a
+/// channel or an ordering key as long as its column allows (MySQL's indexed virtual columns are
+/// as wide as their source, or cut the channel short); a key column too wide for MySQL's index
+/// is refused by the check instead.
+async fn adoption_never_refuses_the_applications_rows(db: Db) {
+    let Some(td) = typed_table(db, 0, "VARCHAR(4)", "VARCHAR(300)").await else {
+        return;
+    };
+    exec(&td, "ALTER TABLE {T} ADD COLUMN long_key VARCHAR(700) NULL").await;
+    let mapping = MAPPING.replace("ordering_key = \"k\"", "ordering_key = \"long_key\"");
+    let rx = Receiver::start(None).await;
+    let cfg = config(&rx.url(), &mapping, 1);
+    ok(&td, &cfg, &["migrate", "--adopt"]).await;
+    let (long_channel, long_key) = ("c".repeat(250), "k".repeat(700));
+    exec(
+        &td,
+        &format!(
+            "INSERT INTO {{T}} (ch, long_key, body, st) VALUES \
+             ('{long_channel}', '{long_key}', '{{}}', 'R'), ('hook', '{long_key}', '{{}}', 'R')"
+        ),
+    )
+    .await;
+    let relay = RelayProc::start(&td, &cfg, "long");
+    let want = [Some("F"), Some("S")];
+    wait_for(&td, "SELECT st FROM {T} ORDER BY id", &want, || {
+        relay.log_text()
+    })
+    .await;
+    if db == Db::MySql {
+        exec(&td, "ALTER TABLE {T} ADD COLUMN text_key TEXT NULL").await;
+        let mapping = MAPPING.replace("ordering_key = \"k\"", "ordering_key = \"text_key\"");
+        let cfg = config(&rx.url(), &mapping, 1);
+        let said = ["table.columns.ordering_key", "VARCHAR(765) or shorter"];
+        refused(&td, &cfg, &["check-config"], &said).await;
+    }
+}
+
+per_db!(a_column_of_the_tables_own_named_like_bookkeeping_is_checked);
+/// A column of the application's named like one the relay keeps (`attempts`), not mapped, is
+/// where the relay would write: of another kind, it is refused before anything is written.
+async fn a_column_of_the_tables_own_named_like_bookkeeping_is_checked(db: Db) {
+    let Some(td) = typed_table(db, 0, "VARCHAR(4)", "VARCHAR(16)").await else {
+        return;
+    };
+    exec(&td, "ALTER TABLE {T} ADD COLUMN attempts VARCHAR(10) NULL").await;
+    let cfg = config("http://127.0.0.1:1/hook", MAPPING, 1);
+    if db == Db::Sqlite {
+        // Its columns take any value: an integer count fits.
+        ok(&td, &cfg, &["migrate", "--adopt"]).await;
+        return;
+    }
+    refused(&td, &cfg, &["check-config"], &["\"attempts\""]).await;
+    refused(&td, &cfg, &["migrate", "--adopt"], &["\"attempts\""]).await;
+}
