@@ -75,15 +75,19 @@ impl SchemaSql for Postgres {
         q
     }
 
-    /// A quoted name is the name exactly: `table_name = $1`, not folded.
+    /// The table the server resolves the quoted name to (through `search_path`, as every
+    /// statement on it does), exactly: not folded to lower case.
     fn live_columns(&self, table: &str) -> Sql {
         let mut q = Sql::new(
-            "SELECT column_name::text, data_type::text, udt_name::text, \
-             character_maximum_length::bigint, is_nullable::text, collation_name::text, \
-             NULL::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name::text = ",
+            "SELECT c.column_name::text, c.data_type::text, c.udt_name::text, \
+             c.character_maximum_length::bigint, c.is_nullable::text, c.collation_name::text, \
+             NULL::text FROM information_schema.columns c \
+             JOIN pg_class r ON r.relname::text = c.table_name::text \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             AND n.nspname::text = c.table_schema::text \
+             WHERE r.oid = to_regclass(quote_ident(",
         );
-        q.text(table).push(" ORDER BY ordinal_position");
+        q.text(table).push(")) ORDER BY c.ordinal_position");
         q
     }
 
@@ -108,21 +112,21 @@ impl SchemaSql for Postgres {
         Some(q)
     }
 
+    /// On the table the server resolves the name to, in whatever schema.
     fn object_exists(&self, table: &str, name: &str, trigger: bool) -> Sql {
         let mut q = Sql::new(match trigger {
             true => {
-                "SELECT COUNT(*) FROM pg_trigger g JOIN pg_class c ON c.oid = g.tgrelid \
-                 WHERE NOT g.tgisinternal AND c.relnamespace = current_schema()::regnamespace \
-                 AND c.relname::text = "
+                "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal \
+                 AND tgrelid = to_regclass(quote_ident("
             }
             false => {
-                "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
-                 AND tablename::text = "
+                "SELECT COUNT(*) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid \
+                 WHERE i.indrelid = to_regclass(quote_ident("
             }
         });
-        let what = if trigger { "g.tgname" } else { "indexname" };
+        let what = if trigger { "tgname" } else { "x.relname" };
         q.text(table)
-            .push(&format!(" AND {what}::text = "))
+            .push(&format!(")) AND {what}::text = "))
             .text(name);
         q
     }
