@@ -22,6 +22,7 @@ use super::live::{LiveColumn, enum_members};
 use super::{Problem, SchemaSql};
 use crate::config::Code;
 use crate::store::db::Db;
+use crate::store::fault::is_transient;
 use crate::store::sql::State;
 
 /// One configured value: its key, state and value.
@@ -62,12 +63,36 @@ pub async fn check(db: &Db, sql: &dyn SchemaSql, col: &LiveColumn) -> anyhow::Re
         }
     }
     if typed {
-        fits_text(db, sql, &values, col, &mut problems).await?;
+        let fits = fits_text(db, sql, &values, col, &mut problems).await;
+        unchecked(fits, col, &mut problems)?;
     }
     if problems.is_empty() {
-        told_apart(db, col, &values, &mut problems).await?;
+        let apart = told_apart(db, col, &values, &mut problems).await;
+        unchecked(apart, col, &mut problems)?;
     }
     Ok(problems)
+}
+
+/// A check the database refused to answer (not for the moment: a type it cannot compare)
+/// becomes a problem naming the column, so that `run` refuses instead of retrying for ever.
+fn unchecked(
+    result: anyhow::Result<()>,
+    col: &LiveColumn,
+    problems: &mut Vec<Problem>,
+) -> anyhow::Result<()> {
+    match result {
+        Err(e) if !is_transient(&e) => {
+            problems.push(Problem::at(
+                "table.columns.status",
+                format!(
+                    "the status values could not be checked against column \"{}\" ({}): {e:#}",
+                    col.name, col.full
+                ),
+            ));
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 /// The range of an integer column, by its type (`None`: not an integer column).
