@@ -18,6 +18,8 @@ pub const CLAIMED: &str = "outbox_relay_claimed_total";
 pub const CLAIM_DURATION: &str = "outbox_relay_claim_duration_seconds";
 /// Claimed rows finished FAILED unsent (unreadable column, payload over every limit).
 pub const ROWS_UNDELIVERABLE: &str = "outbox_relay_rows_undeliverable_total";
+/// Rows parked: the database refused every result for them, even the generic FAILED one.
+pub const ROWS_PARKED: &str = "outbox_relay_rows_parked_total";
 /// Failed result writes, labelled `kind` (`transient`, `refused`, `dropped`).
 pub const RESULT_WRITE_ERRORS: &str = "outbox_relay_result_write_errors_total";
 /// Deliveries being sent right now.
@@ -145,9 +147,14 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         "Claimed rows finished FAILED because a column could not be read or the payload was over every sink's limit.",
     ),
     (
+        ROWS_PARKED,
+        Kind::Counter,
+        "Rows parked because the database refused every result for them, even the generic FAILED one: never claimed again until requeued.",
+    ),
+    (
         RESULT_WRITE_ERRORS,
         Kind::Counter,
-        "Failed result writes by kind: transient (retried), refused (the batch is split to isolate the row), dropped (even the generic result was refused).",
+        "Failed result writes by kind: transient (retried), refused (the batch is split to isolate the row), dropped (even parking the row was refused).",
     ),
     (IN_FLIGHT, Kind::Gauge, "Deliveries being sent right now."),
     (

@@ -10,6 +10,16 @@ use crate::store::{self, Finished, NewRow, Requeue, SqlStore};
 /// Opens the store. The embedded SQLite default is also migrated, so `enqueue` and `status`
 /// work on a fresh checkout before `run` ever started.
 pub(super) async fn open(settings: &Settings) -> Result<Arc<SqlStore>, CliError> {
+    let store = connect(settings).await?;
+    if store.dialect() == store::Dialect::Sqlite {
+        store.migrate().await?;
+    }
+    Ok(store)
+}
+
+/// Opens the store without changing anything (`migrate --adopt`, which creates the lease
+/// table itself, and only when it changes anything; with `--dry-run`, nothing).
+async fn connect(settings: &Settings) -> Result<Arc<SqlStore>, CliError> {
     let db = &settings.database;
     let store = store::connect_mapped(
         db.url.expose(),
@@ -26,9 +36,6 @@ pub(super) async fn open(settings: &Settings) -> Result<Arc<SqlStore>, CliError>
             settings.database_url_redacted()
         ))
     })?;
-    if store.dialect() == store::Dialect::Sqlite {
-        store.migrate().await?;
-    }
     Ok(store)
 }
 
@@ -45,14 +52,29 @@ pub(super) async fn migrate(
                 .into(),
         ));
     }
-    let store = open(settings).await?;
     let table = &settings.database.table;
     if adopt {
+        let store = connect(settings).await?;
+        // A mapping the table does not fit is refused as `check-config` refuses it (exit 2),
+        // before anything is planned or changed.
+        let wrong: Vec<store::Problem> = store
+            .check_table()
+            .await?
+            .into_iter()
+            .filter(|p| !p.adopt)
+            .collect();
+        if !wrong.is_empty() {
+            return Err(CliError::Usage(format!(
+                "{}
+nothing was changed",
+                table_problems(table, &wrong)
+            )));
+        }
         let plan = store.adopt_plan().await?;
         if plan.is_empty() {
             say!("table {table} already has everything the relay needs; nothing to change");
         }
-        for statement in &plan {
+        for statement in plan.statements() {
             say!(
                 "{};",
                 statement.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -71,6 +93,7 @@ pub(super) async fn migrate(
         );
         return Ok(());
     }
+    let store = open(settings).await?;
     store.migrate().await?;
     ensure_shedlock_table(settings, &store).await?;
     if mapped {
@@ -133,6 +156,20 @@ pub(super) async fn status(settings: &Settings) -> Result<(), CliError> {
         say!("{:<8} {:<20} {:>10}", "STATUS", "CHANNEL", "ROWS");
         for (status, channel, n) in &report.counts {
             say!("{status:<8} {channel:<20} {n:>10}");
+        }
+        let any = |f: &dyn Fn(&str) -> bool| report.counts.iter().any(|(s, _, _)| f(s));
+        if any(&|s| s == "PARKED") {
+            say!(
+                "PARKED: the database refused every result for these rows, so they are not \
+                 claimed again (see the relay's log); fix the cause, then `outbox-relay requeue \
+                 --id <id>` (docs/adopting-a-table.md)"
+            );
+        }
+        if any(&|s| s == "NULL" || s.starts_with("UNKNOWN(")) {
+            say!(
+                "NULL, UNKNOWN(...): a status no state of [table.status] maps; the relay never \
+                 claims these rows"
+            );
         }
     }
     match report.oldest_pending {

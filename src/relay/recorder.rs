@@ -12,7 +12,9 @@
 //! - a batch the database refuses for a reason that will not go away (a value it rejects, a
 //!   trigger, a constraint) is split until the refused row is isolated; that row is finished
 //!   FAILED with a generic reason, and every other result is written as usual. One bad row
-//!   never blocks the others.
+//!   never blocks the others. Where even that is refused (a status column that cannot hold
+//!   the FAILED value), the row is parked ([`Resolution::Park`]): only the relay's own claim
+//!   columns are written, and it is never claimed, nor sent, again.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,6 +255,7 @@ fn generic_reason(r: &Resolution) -> String {
         Resolution::Retry { .. } => "a retryable failure",
         Resolution::Failed { .. } => "a permanent failure",
         Resolution::Release { .. } => "not sent",
+        Resolution::Park => "parked",
     };
     format!(
         "the result of this attempt could not be stored (the database refused it; see the relay's log); the attempt was {outcome}"
@@ -260,8 +263,9 @@ fn generic_reason(r: &Resolution) -> String {
 }
 
 /// A single result the database refused: queue the row's fallback (FAILED with a generic
-/// reason), or, if the refused result already was that fallback, give up on the row (its claim
-/// expires and it is delivered again later; logged and counted).
+/// reason); if the refused result already was that fallback, park the row (docs/design.md,
+/// "Results"); if even parking was refused, give up on the row (its claim expires and it is
+/// delivered again later; logged and counted).
 fn isolate(c: Completion, e: &WriteError, work: &mut Vec<Vec<Completion>>) {
     let is_fallback =
         matches!(&c.resolution, Resolution::Failed { error } if error.starts_with(FALLBACK_PREFIX));
@@ -269,7 +273,20 @@ fn isolate(c: Completion, e: &WriteError, work: &mut Vec<Vec<Completion>>) {
         tracing::error!(
             id = c.id,
             error = %e,
-            "the database refused even the generic result for this row; it stays claimed until its claim expires"
+            "the database refused even the generic FAILED result for this row; parking it: it is not claimed again until `outbox-relay requeue` (see `status`)"
+        );
+        metrics::counter!(crate::metric::ROWS_PARKED).increment(1);
+        work.push(vec![Completion {
+            resolution: Resolution::Park,
+            ..c
+        }]);
+        return;
+    }
+    if matches!(c.resolution, Resolution::Park) {
+        tracing::error!(
+            id = c.id,
+            error = %e,
+            "the database refused even parking this row; it stays claimed until its claim expires"
         );
         metrics::counter!(crate::metric::RESULT_WRITE_ERRORS, "kind" => "dropped").increment(1);
         return;

@@ -64,7 +64,11 @@ mod tests {
     const MY: &dyn Syntax = &MySql;
 
     fn mapped() -> Columns {
-        Columns::from_settings(&TableSettings {
+        Columns::from_settings(&mapped_settings())
+    }
+
+    fn mapped_settings() -> TableSettings {
+        TableSettings {
             channel_value: Some("alimtalk".into()),
             columns: ColumnSettings {
                 id: Some("event_id".into()),
@@ -90,7 +94,7 @@ mod tests {
                 ),
             ])),
             ..Default::default()
-        })
+        }
     }
 
     #[test]
@@ -105,16 +109,114 @@ mod tests {
     }
 
     #[test]
-    fn keywords_are_quoted_for_each_database() {
-        let mut c = Columns::default();
-        c.ordering_key = Some("key".into());
+    fn every_name_of_a_mapped_table_is_quoted_for_each_database() {
+        let mut c = mapped();
+        c.ordering_key = Some("partition".into());
         c.recipient = Some("receiverMobileNo".into());
         let my = c.clone().quoted_for(MY);
-        assert_eq!(my.ordering_key.as_deref(), Some("`key`"));
-        assert_eq!(my.recipient.as_deref(), Some("receiverMobileNo"));
-        let pg = c.quoted_for(PG);
-        assert_eq!(pg.ordering_key.as_deref(), Some("\"key\""));
-        assert_eq!(bare("\"key\""), "key");
+        assert_eq!(my.ordering_key.as_deref(), Some("`partition`"));
+        assert_eq!(my.recipient.as_deref(), Some("`receiverMobileNo`"));
+        assert_eq!(my.id, "`event_id`");
+        let pg = c.clone().quoted_for(PG);
+        assert_eq!(pg.recipient.as_deref(), Some("\"receiverMobileNo\""));
+        assert_eq!(pg.status, "\"state\"");
+        assert!(pg.payload("o.", PG).contains("o.\"tpl\""));
+        assert_eq!(bare("\"receiverMobileNo\""), "receiverMobileNo");
+        // The relay's own table keeps its bare names.
+        assert_eq!(Columns::default().quoted_for(PG).status, "status");
+    }
+
+    #[test]
+    fn values_with_question_marks_stay_literals() {
+        let mut t = TableSettings {
+            channel_value: Some("hook".into()),
+            columns: ColumnSettings {
+                id: Some("id".into()),
+                status: Some("st".into()),
+                ..Default::default()
+            },
+            status: StatusSettings {
+                pending: Some(Codes::One(Code::Text("NEW?".into()))),
+                retry: None,
+                success: Some(Code::Text("it's $1".into())),
+                failed: Some(Code::Text("?".into())),
+            },
+            payload_object: Some(BTreeMap::from([(
+                "vip?".into(),
+                PayloadValue::Column("v".into()),
+            )])),
+            ..Default::default()
+        };
+        let c = Columns::from_settings(&t).quoted_for(PG);
+        let mut q = crate::store::sql::Sql::new(&format!(
+            "SELECT {} FROM t WHERE {} AND a = ",
+            c.payload("", PG),
+            c.open("")
+        ));
+        q.int(1).push(&format!(" AND {}", c.set(State::Success)));
+        assert_eq!(
+            q.render(PG),
+            "SELECT json_build_object('vip?', (\"v\")::text) FROM t WHERE \"st\" IN ('NEW?') \
+             AND a = $1 AND \"st\" = 'it''s $1'"
+        );
+        t.status.failed = None;
+        assert!(
+            c.status_name("", PG)
+                .contains("WHEN \"st\" = '?' THEN 'FAILED'")
+        );
+    }
+
+    #[test]
+    fn a_wide_object_is_joined_where_a_call_takes_too_few_arguments() {
+        let obj: BTreeMap<String, PayloadValue> = (0..150)
+            .map(|i| (format!("k{i:03}"), PayloadValue::Column(format!("c{i}"))))
+            .collect();
+        let c = Columns::from_settings(&TableSettings {
+            payload_object: Some(obj),
+            ..mapped_settings()
+        });
+        let pg = c.payload("", PG);
+        assert_eq!(pg.matches("jsonb_build_object(").count(), 3, "{pg}");
+        assert!(pg.contains(" || "), "{pg}");
+        assert!(!c.payload("", MY).contains("||"));
+        assert_eq!(
+            c.widest_object(),
+            Some(("table.payload_object".into(), 150))
+        );
+        assert_eq!(LITE.max_object_pairs(), Some(500));
+    }
+
+    #[test]
+    fn every_status_has_a_name() {
+        let c = mapped();
+        let name = c.status_name("", PG);
+        assert!(
+            name.starts_with("CASE WHEN state IS NULL THEN 'NULL'"),
+            "{name}"
+        );
+        assert!(
+            name.contains("ELSE CONCAT('UNKNOWN(', (state)::text, ')')"),
+            "{name}"
+        );
+        assert!(
+            c.state_name("o.", PG)
+                .starts_with("CASE WHEN o.claimed_by = 'outbox-relay: parked")
+        );
+        assert_eq!(c.open_by_equalities(""), "(state = 0 OR state = 5)");
+    }
+
+    #[test]
+    fn scalar_types_become_text_in_one_format() {
+        assert_eq!(PG.scalar_text("d", "date"), "to_char(d, 'YYYY-MM-DD')");
+        assert!(
+            PG.scalar_text("t", "timestamp with time zone")
+                .contains("AT TIME ZONE 'UTC'")
+        );
+        assert_eq!(PG.scalar_text("b", "bytea"), "encode(b, 'hex')");
+        assert_eq!(PG.scalar_text("n", "numeric"), "(n)::text");
+        assert!(MY.scalar_text("t", "timestamp").ends_with(", 'Z')"));
+        assert_eq!(MY.scalar_text("b", "bit"), "CAST((b) + 0 AS CHAR)");
+        assert!(LITE.scalar_text("x", "").contains("typeof(x) = 'blob'"));
     }
 
     #[test]
@@ -142,7 +244,7 @@ mod tests {
         assert_eq!(c.channel("o."), "'alimtalk'");
         assert!(
             c.status_name("", LITE)
-                .starts_with("CASE state WHEN 0 THEN 'PENDING'")
+                .starts_with("CASE WHEN state IS NULL THEN 'NULL' WHEN state = 0 THEN 'PENDING'")
         );
         assert_eq!(
             c.payload("o.", PG),
@@ -157,7 +259,8 @@ mod tests {
         let key = Some("aggregate_id".to_string());
         assert_eq!(
             c.text_or_null("o.", &key, LITE),
-            "CAST(o.aggregate_id AS TEXT)"
+            "CASE WHEN typeof(o.aggregate_id) = 'blob' THEN lower(hex(o.aggregate_id)) \
+             ELSE CAST(o.aggregate_id AS TEXT) END"
         );
         assert!(c.touch(PG).is_empty());
         // Retry shares the pending value 0: each value once.

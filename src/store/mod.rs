@@ -54,6 +54,7 @@ pub use postgres::notify::listen;
 pub use queue::arrivals::{Arrivals, NEW_ROWS_CHECK, watch_new_rows};
 pub use queue::db_thread::{OnDbThread, on_db_thread};
 pub use queue::{Failure, Queue, WriteError};
+pub use schema::adopt::Plan as AdoptPlan;
 pub use schema::check::Problem;
 pub use sql::ident::bare;
 pub use sql::{Columns, Dialect, Owned, State};
@@ -87,7 +88,9 @@ pub async fn connect_mapped(
 ) -> anyhow::Result<Arc<SqlStore>> {
     let store =
         SqlStore::connect_opening(url, table, max_connections, connect_timeout, open).await?;
-    Ok(Arc::new(
-        store.with_columns(Columns::from_settings(mapping)),
-    ))
+    let store = store
+        .with_columns(Columns::from_settings(mapping))
+        .read_live_types()
+        .await;
+    Ok(Arc::new(store))
 }

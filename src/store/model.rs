@@ -146,7 +146,15 @@ pub enum Resolution {
         delay: Duration,
         error: Option<String>,
     },
+    /// The database refused every result for the row, even the generic FAILED one: only the
+    /// relay's own claim columns are written (`claimed_by` = [`PARKED_BY`], the claim running
+    /// [`MAX_AHEAD`]), which no constraint of the table's columns can refuse, so the row is
+    /// never claimed (nor sent) again; `status`, the row page and `requeue` know it.
+    Park,
 }
+
+/// What `claimed_by` holds on a parked row ([`Resolution::Park`]).
+pub const PARKED_BY: &str = "outbox-relay: parked, the database refused its result";
 
 /// A row to insert (the `enqueue` verb, tests and benchmarks).
 #[derive(Debug, Clone, Default)]

@@ -22,8 +22,9 @@ use crate::store::model::{
 use crate::store::mysql::get_lock::LockSession;
 use crate::store::queue::arrivals::{self, NewestId};
 use crate::store::queue::{Queue, WriteError, results};
+use crate::store::schema::adopt::Plan as AdoptPlan;
 use crate::store::schema::check::Problem;
-use crate::store::schema::{adopt, check, migrate};
+use crate::store::schema::{adopt, check, live, migrate};
 use crate::store::sql::{Columns, Dialect};
 
 /// The outbox on a SQL database.
@@ -275,13 +276,32 @@ impl SqlStore {
 /// A table mapped by `[table]` (docs/adopting-a-table.md).
 impl SqlStore {
     /// The statements `migrate --adopt` would run now, in order (empty: nothing to do).
-    pub async fn adopt_plan(&self) -> anyhow::Result<Vec<String>> {
+    /// Changes nothing; refuses a mapping the live check finds wrong.
+    pub async fn adopt_plan(&self) -> anyhow::Result<AdoptPlan> {
         adopt::plan(&self.db, self.engine).await
     }
 
-    /// Runs `plan` (from [`SqlStore::adopt_plan`]) and creates the lease table.
-    pub async fn adopt(&self, plan: &[String]) -> anyhow::Result<()> {
+    /// Runs `plan` (from [`SqlStore::adopt_plan`]) and creates the lease table, all or
+    /// nothing.
+    pub async fn adopt(&self, plan: &AdoptPlan) -> anyhow::Result<()> {
         adopt::run(&self.db, self.engine, plan).await
+    }
+
+    /// Reads the mapped table's column types from the live table, so that each column is
+    /// read as text in its type's format (docs/adopting-a-table.md, "Types"). A table that
+    /// cannot be read is left to the live check to report.
+    pub async fn read_live_types(self) -> SqlStore {
+        if !self.db.cols().mapped {
+            return self;
+        }
+        let types = match live::columns(&self.db, self.engine).await {
+            Ok(Some(cols)) => live::text_types(&self.db, self.engine, &cols),
+            _ => return self,
+        };
+        SqlStore {
+            db: self.db.with_types(types),
+            ..self
+        }
     }
 
     /// Checks the mapping against the live table. Empty: the relay can run on it.

@@ -228,6 +228,8 @@ impl Queue for MemQueue {
                         row.attempts += 1;
                     }
                     Resolution::Release { delay, .. } => row.due = now + *delay,
+                    // Stays claimed for good, as the store parks it.
+                    Resolution::Park => row.due = now + Duration::from_secs(365 * 86_400),
                 }
             }
             Ok(changed)

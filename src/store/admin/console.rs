@@ -323,7 +323,7 @@ pub async fn row(db: &Db, id: i64) -> anyhow::Result<Option<RowDetail>> {
          FROM {t} WHERE {id} = ",
         id = c.id,
         channel = c.channel_text("", s),
-        status = c.status_name("", s),
+        status = c.state_name("", s),
         attempts = c.attempts_read(""),
         recipient = c.text_or_null("", &c.recipient, s),
         payload = s.payload_text(&c.payload("", s)),

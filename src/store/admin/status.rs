@@ -14,20 +14,26 @@ use crate::store::locks::lease_table::lease_row;
 use crate::store::model::{Sample, StatusReport};
 use crate::store::sql::State;
 
-/// Counts and ages for `status`; `lease` names the lease row to show.
+/// Counts and ages for `status`; `lease` names the lease row to show. Every row is counted
+/// under a state: the relay's, `PARKED`, or on a mapped table `NULL` and `UNKNOWN(<value>)`
+/// (see `Columns::state_name`); a NULL channel shows as `NULL`.
 pub async fn status(db: &Db, sql: &dyn AdminSql, lease: &str) -> anyhow::Result<StatusReport> {
     let (s, c) = (db.syntax(), db.cols());
     let counts = db
         .sql(&format!(
             "SELECT {}, {}, COUNT(*) FROM {} GROUP BY 1, 2 ORDER BY 1, 2",
-            c.status_name("", s),
+            c.state_name("", s),
             s.cast_text(&c.channel("")),
             db.table()
         ))
         .fetch_all(db.pool())
         .await?
         .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+        .map(|r| {
+            let channel: Option<String> = r.try_get(1)?;
+            let channel = channel.unwrap_or_else(|| "NULL".into());
+            Ok((r.try_get(0)?, channel, r.try_get(2)?))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let oldest = oldest_pending_ms(db, sql).await?;
     Ok(StatusReport {
@@ -55,15 +61,17 @@ async fn oldest_pending_ms(db: &Db, sql: &dyn AdminSql) -> anyhow::Result<Option
         .try_get::<Option<i64>, _>(0)?)
 }
 
-/// Live claims per instance: (claimed_by, rows under a claim that has not run out).
+/// Live claims per instance: (claimed_by, rows under a claim that has not run out). Parked
+/// rows are not claims of an instance (`status` counts them as `PARKED`).
 pub async fn live_claims(db: &Db) -> anyhow::Result<Vec<(String, i64)>> {
     db.sql(&format!(
         "SELECT claimed_by, COUNT(*) FROM {t}
-         WHERE claimed_until > {now} AND {open}
+         WHERE claimed_until > {now} AND {open} AND NOT ({parked})
          GROUP BY claimed_by ORDER BY claimed_by",
         t = db.table(),
         now = db.syntax().now(),
-        open = db.cols().open("")
+        open = db.cols().open(""),
+        parked = db.cols().parked("")
     ))
     .fetch_all(db.pool())
     .await?

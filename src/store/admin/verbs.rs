@@ -98,7 +98,9 @@ pub async fn requeue(
     Ok(report)
 }
 
-/// Requeues (or, dry-run, counts) the FAILED rows among `ids`; reports the others.
+/// Requeues (or, dry-run, counts) the FAILED and parked rows among `ids`; reports the
+/// others. A parked row (the database refused every result for it, docs/design.md
+/// "Results") is put back in the queue the same way, whatever its status.
 async fn requeue_ids(
     db: &Db,
     ids: &[i64],
@@ -109,7 +111,7 @@ async fn requeue_ids(
     let id = &c.id;
     let mut q = Sql::new(&format!(
         "SELECT {id}, {} FROM {t} WHERE {id} IN (",
-        c.status_name("", db.syntax())
+        c.state_name("", db.syntax())
     ));
     q.ints(ids.iter().copied()).push(")");
     let found = db.query(q).fetch_all(db.pool()).await?;
@@ -117,7 +119,7 @@ async fn requeue_ids(
     for r in &found {
         let id: i64 = r.try_get(0)?;
         let status: String = r.try_get(1)?;
-        if status == "FAILED" {
+        if status == "FAILED" || status == "PARKED" {
             failed.push(id);
         } else {
             report.not_failed.push((id, status));
@@ -136,10 +138,11 @@ async fn requeue_ids(
         return Ok(());
     }
     let mut q = Sql::new(&format!(
-        "UPDATE {t} SET {} WHERE {} AND {} AND {id} IN (",
+        "UPDATE {t} SET {} WHERE (({} AND {}) OR {}) AND {id} IN (",
         requeue_set(db),
         c.is("", State::Failed),
         no_live_claim(db),
+        c.parked(""),
     ));
     q.ints(failed).push(")");
     report.requeued += db.query(q).execute(db.pool()).await?.rows_affected();

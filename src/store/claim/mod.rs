@@ -117,6 +117,21 @@ pub trait ClaimSql: Send + Sync {
         q
     }
 
+    /// The `FROM ... LIMIT` that reads up to `rows` rows `o` that meet `claimable` and whose
+    /// channel is NULL (a mapped channel column may hold NULL; no sink serves it), oldest
+    /// first. Nothing where the channel cannot be NULL.
+    fn null_channel_rows(&self, db: &Db, rows: u32, claimable: &str) -> Sql {
+        let c = db.cols();
+        match (c.mapped, c.channel_column()) {
+            (true, Some(ch)) => Sql::new(&format!(
+                " FROM {} o WHERE {claimable} AND o.{ch} IS NULL ORDER BY o.{} LIMIT {rows}",
+                db.table(),
+                c.id
+            )),
+            _ => Sql::new(&format!(" FROM {} o WHERE 1 = 0", db.table())),
+        }
+    }
+
     /// The id of the nearest earlier unfinished row of row `a`'s ordering key, NULL when it
     /// has none (it is the head): an expression. Only asked where the table has a key.
     fn earlier(&self, db: &Db, a: &str) -> String {

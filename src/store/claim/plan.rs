@@ -64,6 +64,9 @@ pub enum Part {
         above: Option<String>,
         below: Option<String>,
         rows: u32,
+        /// Instead: the rows whose channel is NULL (a mapped channel column may hold it;
+        /// no sink serves it, and the row is failed naming the column).
+        nulls: bool,
     },
 }
 
@@ -110,6 +113,7 @@ pub fn gaps(known: &[String], rows: u32) -> Vec<Part> {
             above: above.clone(),
             below: Some(k.clone()),
             rows,
+            nulls: false,
         });
         above = Some(k.clone());
     }
@@ -117,6 +121,13 @@ pub fn gaps(known: &[String], rows: u32) -> Vec<Part> {
         above,
         below: None,
         rows,
+        nulls: false,
+    });
+    out.push(Part::Others {
+        above: None,
+        below: None,
+        rows,
+        nulls: true,
     });
     out
 }

@@ -65,13 +65,21 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
             ..
         } => sql.channel_rows(db, channel, *from, *rows, *newest),
         Part::Key { key, rows } => sql.key_rows(db, key, *rows),
-        Part::Others { above, below, rows } => sql.unserved_rows(
+        Part::Others {
+            above,
+            below,
+            rows,
+            nulls: false,
+        } => sql.unserved_rows(
             db,
             above.as_deref(),
             below.as_deref(),
             *rows,
             &claimable(db, sql),
         ),
+        Part::Others {
+            rows, nulls: true, ..
+        } => sql.null_channel_rows(db, *rows, &claimable(db, sql)),
     });
     q
 }

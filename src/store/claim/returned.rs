@@ -27,7 +27,9 @@ pub fn select_list(db: &Db, alias: &str, req: &ClaimRequest) -> String {
     let payload = cols.payload(alias, d);
     let expr = |col: Col| match col {
         Col::Id => c(&cols.id),
-        Col::Channel => d.claim_text(&cols.channel(alias)),
+        // A mapped channel column may be of any type (PostgreSQL's `character(n)` cannot even
+        // be decoded as it is): read as text.
+        Col::Channel => d.claim_text(&cols.channel_text(alias, d)),
         Col::Recipient => d.claim_text(&cols.text_or_null(alias, &cols.recipient, d)),
         Col::OrderingKey => d.claim_text(&cols.text_or_null(alias, &cols.ordering_key, d)),
         Col::Payload => {

@@ -95,6 +95,7 @@ impl Db {
             dialect,
             syntax: o.syntax,
             table: o.table.to_string(),
+            name: o.table.to_string(),
             cols: Columns::default(),
             statements: AtomicU64::new(0),
             writer: o

@@ -12,6 +12,8 @@ pub use connect::{
     Connect, LOCK_WAIT, Opening, STATEMENT_TIME, WARM_CONNECTIONS, open_side_by_side,
 };
 
+use crate::store::sql::ident::derived;
+use crate::store::sql::payload::LiveType;
 use crate::store::sql::{AnyQuery, Columns, Dialect, Sql, Syntax};
 
 /// One outbox table on one database.
@@ -19,8 +21,10 @@ pub struct Db {
     pool: AnyPool,
     dialect: Dialect,
     syntax: &'static dyn Syntax,
-    /// The outbox table's name (validated as an identifier).
+    /// The outbox table as SQL names it: quoted on a mapped table, bare on the relay's own.
     table: String,
+    /// The outbox table's name as configured (validated as an identifier).
+    name: String,
     /// The table's column names and status values (the relay's own unless `[table]` maps an
     /// existing table).
     cols: Columns,
@@ -50,9 +54,29 @@ impl Db {
         self.syntax
     }
 
-    /// The outbox table.
+    /// The outbox table, as SQL names it (quoted on a mapped table, docs/design.md "9a.
+    /// Mapped tables").
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    /// The outbox table's name as configured, for the catalog's look-ups and messages.
+    pub fn table_name(&self) -> &str {
+        &self.name
+    }
+
+    /// An object the relay creates for the table (an index, a trigger), `<table>_<suffix>`:
+    /// (its name, as the catalog lists it; its name as SQL writes it). On a mapped table the
+    /// name is kept within the databases' length limits and quoted (`ident::derived`); on
+    /// the relay's own it is what it always was.
+    pub fn object(&self, suffix: &str) -> (String, String) {
+        if !self.cols.mapped {
+            let name = format!("{}_{suffix}", self.name);
+            return (name.clone(), name);
+        }
+        let name = derived(&self.name, suffix);
+        let sql = self.syntax.quote_ident(&name);
+        (name, sql)
     }
 
     /// The table's columns and status values.
@@ -62,7 +86,18 @@ impl Db {
 
     /// The same handle on a table mapped by `[table]`, its names quoted for this database.
     pub fn with_columns(mut self, cols: Columns) -> Db {
+        self.table = match cols.mapped {
+            true => self.syntax.quote_ident(&self.name),
+            false => self.name.clone(),
+        };
         self.cols = cols.quoted_for(self.syntax);
+        self
+    }
+
+    /// The same handle knowing the server's types of the mapped columns (see
+    /// [`Columns::with_types`]).
+    pub fn with_types(mut self, types: std::collections::BTreeMap<String, LiveType>) -> Db {
+        self.cols = self.cols.with_types(types, self.syntax);
         self
     }
 

@@ -42,7 +42,7 @@ impl ClaimSql for MySql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
             " FROM {t} o FORCE INDEX ({}) WHERE o.{OPEN_CHANNEL} = ",
-            index(t, "open_idx")
+            index(db, "open_idx")
         ));
         q.text(channel);
         if let Some(from) = from {
@@ -59,7 +59,7 @@ impl ClaimSql for MySql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
             " FROM {t} o FORCE INDEX ({}) WHERE o.{OPEN_KEY} = ",
-            index(t, "open_key_idx")
+            index(db, "open_key_idx")
         ));
         q.text(&key.key)
             .push(&format!(" ORDER BY o.{id} LIMIT {rows}"));
@@ -77,7 +77,7 @@ impl ClaimSql for MySql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
             " FROM {t} o FORCE INDEX ({}) WHERE {claimable} AND o.{OPEN_CHANNEL} IS NOT NULL",
-            index(t, "open_idx")
+            index(db, "open_idx")
         ));
         if let Some(above) = above {
             q.push(&format!(" AND o.{OPEN_CHANNEL} > ")).text(above);
@@ -89,13 +89,19 @@ impl ClaimSql for MySql {
         q
     }
 
+    /// A NULL channel is `''` in `open_channel`: the first gap between served channels reads
+    /// it.
+    fn null_channel_rows(&self, db: &Db, _rows: u32, _claimable: &str) -> Sql {
+        Sql::new(&format!(" FROM {} o WHERE 1 = 0", db.table()))
+    }
+
     /// `open_key` is NULL for finished rows, so the index holds unfinished keys only.
     fn earlier(&self, db: &Db, a: &str) -> String {
         let (t, id) = (db.table(), &db.cols().id);
         format!(
             "(SELECT MAX(p.{id}) FROM {t} p FORCE INDEX ({}) \
              WHERE p.{OPEN_KEY} = {a}{OPEN_KEY} AND p.{id} < {a}{id})",
-            index(t, "open_key_idx")
+            index(db, "open_key_idx")
         )
     }
 

@@ -93,6 +93,34 @@ impl Syntax for MySql {
     fn json_object(&self, pairs: &[String]) -> String {
         format!("JSON_OBJECT({})", pairs.join(", "))
     }
+
+    /// Times in ISO 8601 (a `TIMESTAMP` in UTC, with a `Z`: the relay's sessions run at
+    /// `+00:00`), fractions of a second without trailing zeros; `BIT` as its number; bytes as
+    /// lower-case hex; spatial values as WKT; every other type as `CAST(... AS CHAR)` writes
+    /// it (`DECIMAL` with its exact digits, `TINYINT(1)` as `0`/`1`).
+    fn scalar_text(&self, expr: &str, ty: &str) -> String {
+        // The format always has a fraction, so trimming its zeros stops at the dot.
+        let iso = |e: String, z: &str| {
+            format!("CONCAT(TRIM(TRAILING '.' FROM TRIM(TRAILING '0' FROM {e})){z})")
+        };
+        match ty {
+            "datetime" => iso(format!("DATE_FORMAT({expr}, '%Y-%m-%dT%H:%i:%s.%f')"), ""),
+            "timestamp" => iso(
+                format!("DATE_FORMAT({expr}, '%Y-%m-%dT%H:%i:%s.%f')"),
+                ", 'Z'",
+            ),
+            "time" => iso(format!("TIME_FORMAT({expr}, '%H:%i:%s.%f')"), ""),
+            "bit" => format!("CAST(({expr}) + 0 AS CHAR)"),
+            "binary" | "varbinary" | "tinyblob" | "blob" | "mediumblob" | "longblob" => {
+                format!("LOWER(HEX({expr}))")
+            }
+            "geometry" | "point" | "linestring" | "polygon" | "multipoint" | "multilinestring"
+            | "multipolygon" | "geometrycollection" => {
+                format!("ST_AsText({expr})")
+            }
+            _ => self.cast_text(expr),
+        }
+    }
 }
 
 /// Whether a server (by `SELECT VERSION()`) is MariaDB, and whether it has

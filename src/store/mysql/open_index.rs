@@ -15,10 +15,16 @@ use crate::store::db::Db;
 pub const OPEN_CHANNEL: &str = "open_channel";
 /// The virtual column holding the ordering key of unfinished rows.
 pub const OPEN_KEY: &str = "open_key";
+/// The most characters of an ordering key `open_key` can hold: its index with the id must fit
+/// InnoDB's 3,072 bytes at four bytes a character (utf8mb4).
+pub const MAX_KEY_CHARS: i64 = 765;
+/// `open_channel`'s width: every sink name fits, and a longer channel (cut to this) is no
+/// sink's either, so its row is failed as unserved, naming the real value.
+const CHANNEL_CHARS: i64 = 191;
 
-/// The index `name` (`open_idx`, `open_key_idx`, `failed_idx`) of `table`.
-pub fn index(table: &str, name: &str) -> String {
-    format!("{table}_{name}")
+/// The index `name` (`open_idx`, `open_key_idx`, `failed_idx`) of the table, as SQL names it.
+pub fn index(db: &Db, name: &str) -> String {
+    db.object(name).1
 }
 
 /// The relay's own table, read through `open_idx`, which holds `open_channel`, `id`,
@@ -30,7 +36,7 @@ pub fn unfinished_rows(db: &Db) -> Option<(String, String, String)> {
     }
     let t = db.table();
     Some((
-        format!("{t} FORCE INDEX ({})", index(t, "open_idx")),
+        format!("{t} FORCE INDEX ({})", index(db, "open_idx")),
         format!("{OPEN_CHANNEL} IS NOT NULL"),
         OPEN_CHANNEL.to_string(),
     ))
@@ -49,7 +55,7 @@ pub async fn anything_due(db: &Db) -> anyhow::Result<bool> {
     let sql = format!(
         "SELECT 1 FROM {t} FORCE INDEX ({}) \
          WHERE {OPEN_CHANNEL} IS NOT NULL AND next_attempt_at <= {now} LIMIT 1",
-        index(t, "open_idx")
+        index(db, "open_idx")
     );
     Ok(db.sql(&sql).fetch_optional(db.pool()).await?.is_some())
 }
@@ -72,52 +78,77 @@ pub fn blocked_keys(db: &Db) -> Option<String> {
 pub fn failed_rows(db: &Db) -> (String, &'static str) {
     let t = db.table();
     (
-        format!("{t} FORCE INDEX ({})", index(t, "failed_idx")),
+        format!("{t} FORCE INDEX ({})", index(db, "failed_idx")),
         "failed_flag = 1 AND ",
     )
 }
 
-/// The `ADD COLUMN` clauses of the virtual columns (channel, and key when the table has
-/// one), computed from the mapped status values: (column, clause).
+/// The `ADD COLUMN` clauses of the virtual columns (channel, and key when the table has one),
+/// computed from the mapped status values: (column, clause).
+///
+/// MariaDB refuses to index a virtual column whose value depends on `sql_mode`
+/// (`PAD_CHAR_TO_FULL_LENGTH`), error 1901: any `IN (...)` over a `CHAR(n)` column, and a
+/// `CHAR(n)` column as the value. So the unfinished condition is written as equalities joined
+/// by `OR` (the same rows as `IN`), and a `CHAR(n)` value is read through `RTRIM`, which is
+/// what the server reads from it anyway. A NULL channel becomes `''`, which no sink is named:
+/// the row is claimed by the pick of unserved channels and failed naming the column, instead
+/// of staying out of every index (docs/adopting-a-table.md, "NULLs").
+///
+/// Each column is wide enough for every value of its source: in strict mode a value too long
+/// for an indexed virtual column fails the application's INSERT. The key's column is as wide
+/// as the key column (the live check refuses one wider than [`MAX_KEY_CHARS`]); a channel is
+/// cut to [`CHANNEL_CHARS`].
 pub fn open_columns_ddl(db: &Db) -> Vec<(String, String)> {
     let c = db.cols();
-    let open = c.open("");
+    let open = c.open_by_equalities("");
+    let value = |col: &str| match c.type_of(col) {
+        "char" => format!("RTRIM({col})"),
+        _ => col.to_string(),
+    };
+    let channel = match c.channel_column() {
+        Some(ch) if c.max_len_of(ch).is_some_and(|n| n <= CHANNEL_CHARS) => {
+            format!("COALESCE({}, '')", value(ch))
+        }
+        Some(ch) => format!("LEFT(COALESCE({}, ''), {CHANNEL_CHARS})", value(ch)),
+        None => c.channel(""),
+    };
     let mut out = vec![(
         OPEN_CHANNEL.to_string(),
         format!(
-            "ADD COLUMN {OPEN_CHANNEL} VARCHAR(191) AS (CASE WHEN {open} THEN {} END) VIRTUAL",
-            c.channel("")
+            "ADD COLUMN {OPEN_CHANNEL} VARCHAR({CHANNEL_CHARS}) AS (CASE WHEN {open} THEN \
+             {channel} END) VIRTUAL"
         ),
     )];
     if let Some(k) = &c.ordering_key {
+        // A number, a date, a time: its text is short.
+        let width = c.max_len_of(k).unwrap_or(64).clamp(1, MAX_KEY_CHARS);
         out.push((
             OPEN_KEY.to_string(),
             format!(
-                "ADD COLUMN {OPEN_KEY} VARCHAR(191) AS (CASE WHEN {open} THEN {k} END) VIRTUAL"
+                "ADD COLUMN {OPEN_KEY} VARCHAR({width}) AS (CASE WHEN {open} THEN {} END) VIRTUAL",
+                value(k)
             ),
         ));
     }
     out
 }
 
-/// The indexes on the virtual columns: (name, statement).
-pub fn open_indexes(db: &Db) -> Vec<(String, String)> {
+/// The indexes on the virtual columns: (name, SQL form, statement).
+pub fn open_indexes(db: &Db) -> Vec<(String, String, String)> {
     let (t, c) = (db.table(), db.cols());
     let id = &c.id;
+    let (name, sql) = db.object("open_idx");
     let mut out = vec![(
-        index(t, "open_idx"),
-        format!(
-            "CREATE INDEX {} ON {t} ({OPEN_CHANNEL}, {id})",
-            index(t, "open_idx")
-        ),
+        name,
+        sql.clone(),
+        format!("CREATE INDEX {sql} ON {t} ({OPEN_CHANNEL}, {id})"),
     )];
     if c.ordering_key.is_some() {
+        let (name, sql) = db.object("open_key_idx");
         out.push((
-            index(t, "open_key_idx"),
-            format!(
-                "CREATE INDEX {} ON {t} ({OPEN_KEY}, {id})",
-                index(t, "open_key_idx")
-            ),
+            name,
+            sql.clone(),
+            format!("CREATE INDEX {sql} ON {t} ({OPEN_KEY}, {id})"),
         ));
     }
     out

@@ -8,7 +8,7 @@
 use sqlx::{Executor, Row};
 
 use super::MySql;
-use super::open_index::{OPEN_CHANNEL, OPEN_KEY, open_columns_ddl, open_indexes};
+use super::open_index::{MAX_KEY_CHARS, OPEN_CHANNEL, OPEN_KEY, open_columns_ddl, open_indexes};
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::schema::{ClaimSupport, ColumnTypes, Conn, SchemaSql};
@@ -87,22 +87,52 @@ impl SchemaSql for MySql {
         q
     }
 
+    /// A table's name is case-sensitive unless the server stores names in lower case
+    /// (`lower_case_table_names`), as the server resolves it.
     fn live_columns(&self, table: &str) -> Sql {
         let mut q = Sql::new(
-            "SELECT COLUMN_NAME, DATA_TYPE FROM information_schema.COLUMNS \
-             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = (",
+            "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, \
+             CAST(CHARACTER_MAXIMUM_LENGTH AS SIGNED), IS_NULLABLE, COLLATION_NAME, \
+             CHARACTER_SET_NAME FROM information_schema.COLUMNS \
+             WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = \
+             IF(@@lower_case_table_names = 0, ",
         );
-        q.text(table).push(")");
+        q.text(table)
+            .push(", LOWER(")
+            .text(table)
+            .push(")) ORDER BY ORDINAL_POSITION");
         q
     }
 
-    fn object_exists(&self, name: &str, _trigger: bool) -> Sql {
+    fn table_names(&self) -> Sql {
+        Sql::new("SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE()")
+    }
+
+    fn object_exists(&self, table: &str, name: &str, _trigger: bool) -> Sql {
         let mut q = Sql::new(
             "SELECT COUNT(*) FROM information_schema.STATISTICS WHERE \
-             TABLE_SCHEMA = DATABASE() AND INDEX_NAME = (",
+             TABLE_SCHEMA = DATABASE() AND TABLE_NAME = IF(@@lower_case_table_names = 0, ",
         );
-        q.text(name).push(")");
+        q.text(table)
+            .push(", LOWER(")
+            .text(table)
+            .push(")) AND INDEX_NAME = ")
+            .text(name);
         q
+    }
+
+    /// The ordering key of unfinished rows is indexed in a virtual column (`open_index.rs`).
+    fn max_key_chars(&self) -> Option<i64> {
+        Some(MAX_KEY_CHARS)
+    }
+
+    /// DDL commits at once here: `migrate --adopt` undoes each step that ran.
+    fn transactional_ddl(&self) -> bool {
+        false
+    }
+
+    fn drop_index(&self, table: &str, index: &str) -> String {
+        format!("DROP INDEX {index} ON {table}")
     }
 
     fn column_types(&self) -> ColumnTypes {

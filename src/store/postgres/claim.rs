@@ -45,9 +45,10 @@ impl ClaimSql for Postgres {
         newest: bool,
     ) -> Sql {
         let c = db.cols();
-        // A constant channel (a mapped table without a channel column): the index of
-        // unfinished rows is by id alone.
-        let Some(ch) = c.channel_column() else {
+        // A mapped table: its channel may be a constant (the index of unfinished rows is by
+        // id alone) or a column of another type than text (compared as text, which no index
+        // of its serves); the plain equality.
+        let (Some(ch), false) = (c.channel_column(), c.mapped) else {
             return plain_channel_rows(db, channel, from, rows, newest);
         };
         let (t, id) = (db.table(), &c.id);

@@ -12,26 +12,38 @@ use tokio_util::sync::CancellationToken;
 use crate::store::db::Db;
 use crate::store::queue::arrivals::Arrivals;
 use crate::store::sql::Sql;
+use crate::store::sql::ident::derived;
 
-/// The statement-level insert trigger that NOTIFYs `<table>_new` (on a mapped table only
-/// when `table.notify_trigger` asks, through `migrate --adopt`).
+/// The statement-level insert trigger that NOTIFYs `<table>_new` on the relay's own table
+/// `t` (named as it always was).
 pub fn notify_trigger(t: &str) -> Vec<String> {
+    notify_statements(t, &format!("{t}_notify"), &notify_channel(t))
+}
+
+/// The insert trigger's statements: the function and trigger `trigger` (both SQL forms of one
+/// name) on `table` (SQL form), notifying `channel`. On a mapped table only when
+/// `table.notify_trigger` asks, through `migrate --adopt`.
+pub fn notify_statements(table: &str, trigger: &str, channel: &str) -> Vec<String> {
+    // The channel is a name of the relay's (`ident::derived` of a validated identifier): no
+    // quote can occur in it, but it is written as a literal all the same.
+    let channel = channel.replace('\'', "''");
     vec![
         format!(
-            "CREATE OR REPLACE FUNCTION {t}_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
-             BEGIN PERFORM pg_notify('{t}_new', ''); RETURN NULL; END $fn$"
+            "CREATE OR REPLACE FUNCTION {trigger}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+             BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $fn$"
         ),
-        format!("DROP TRIGGER IF EXISTS {t}_notify ON {t}"),
+        format!("DROP TRIGGER IF EXISTS {trigger} ON {table}"),
         format!(
-            "CREATE TRIGGER {t}_notify AFTER INSERT ON {t}
-             FOR EACH STATEMENT EXECUTE FUNCTION {t}_notify()"
+            "CREATE TRIGGER {trigger} AFTER INSERT ON {table}
+             FOR EACH STATEMENT EXECUTE FUNCTION {trigger}()"
         ),
     ]
 }
 
-/// The channel the trigger notifies.
+/// The channel the trigger of table `table` (its name as configured) notifies, within
+/// PostgreSQL's 63 bytes for a channel name.
 pub fn notify_channel(table: &str) -> String {
-    format!("{table}_new")
+    derived(table, "new")
 }
 
 /// Listens for the insert trigger and signals `arrivals` on each notification, until `stop`.
@@ -77,7 +89,7 @@ pub async fn announce(db: &Db) {
         return;
     }
     let mut q = Sql::new("SELECT pg_notify(");
-    q.text(&notify_channel(db.table())).push(", '')");
+    q.text(&notify_channel(db.table_name())).push(", '')");
     if let Err(e) = db.query(q).execute(db.pool()).await {
         tracing::warn!(error = %e, "could not notify the relays of requeued rows");
     }

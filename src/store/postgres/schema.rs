@@ -5,7 +5,7 @@
 use sqlx::Executor;
 
 use super::Postgres;
-use super::notify::notify_trigger;
+use super::notify::{notify_channel, notify_statements, notify_trigger};
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::schema::{
@@ -75,26 +75,59 @@ impl SchemaSql for Postgres {
         q
     }
 
+    /// The table the server resolves the quoted name to (through `search_path`, as every
+    /// statement on it does), exactly: not folded to lower case.
     fn live_columns(&self, table: &str) -> Sql {
         let mut q = Sql::new(
-            "SELECT column_name::text, data_type::text FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name = lower(",
+            "SELECT c.column_name::text, c.data_type::text, c.udt_name::text, \
+             c.character_maximum_length::bigint, c.is_nullable::text, c.collation_name::text, \
+             NULL::text FROM information_schema.columns c \
+             JOIN pg_class r ON r.relname::text = c.table_name::text \
+             JOIN pg_namespace n ON n.oid = r.relnamespace \
+             AND n.nspname::text = c.table_schema::text \
+             WHERE r.oid = to_regclass(quote_ident(",
         );
-        q.text(table).push(")");
+        q.text(table).push(")) ORDER BY c.ordinal_position");
         q
     }
 
-    fn object_exists(&self, name: &str, trigger: bool) -> Sql {
+    fn table_names(&self) -> Sql {
+        Sql::new(
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = current_schema()",
+        )
+    }
+
+    /// Quoted names are case-sensitive.
+    fn resolves(&self, configured: &str, live: &str) -> bool {
+        configured == live
+    }
+
+    fn enum_labels(&self, udt: &str) -> Option<Sql> {
+        let mut q = Sql::new(
+            "SELECT e.enumlabel::text FROM pg_enum e JOIN pg_type t ON t.oid = e.enumtypid \
+             WHERE t.typname::text = ",
+        );
+        q.text(udt).push(" ORDER BY e.enumsortorder");
+        Some(q)
+    }
+
+    /// On the table the server resolves the name to, in whatever schema.
+    fn object_exists(&self, table: &str, name: &str, trigger: bool) -> Sql {
         let mut q = Sql::new(match trigger {
             true => {
-                "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal AND tgname::text = lower("
+                "SELECT COUNT(*) FROM pg_trigger WHERE NOT tgisinternal \
+                 AND tgrelid = to_regclass(quote_ident("
             }
             false => {
-                "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() \
-                 AND indexname::text = lower("
+                "SELECT COUNT(*) FROM pg_index i JOIN pg_class x ON x.oid = i.indexrelid \
+                 WHERE i.indrelid = to_regclass(quote_ident("
             }
         });
-        q.text(name).push(")");
+        let what = if trigger { "tgname" } else { "x.relname" };
+        q.text(table)
+            .push(&format!(")) AND {what}::text = "))
+            .text(name);
         q
     }
 
@@ -115,8 +148,10 @@ impl SchemaSql for Postgres {
         partial_indexes(db)
     }
 
-    fn notify_trigger(&self, table: &str) -> Vec<String> {
-        notify_trigger(table)
+    fn notify_trigger(&self, db: &Db) -> Option<(String, Vec<String>)> {
+        let (name, sql) = db.object("notify");
+        let channel = notify_channel(db.table_name());
+        Some((name, notify_statements(db.table(), &sql, &channel)))
     }
 }
 

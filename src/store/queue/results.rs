@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::WriteError;
 use crate::store::db::Db;
-use crate::store::model::{Completion, Resolution, sanitize_text};
+use crate::store::model::{Completion, MAX_AHEAD, PARKED_BY, Resolution, sanitize_text};
 use crate::store::sql::{Sql, State};
 
 /// Most rows in one result statement (keeps statements and their parameter lists bounded).
@@ -23,6 +23,7 @@ pub enum Kind {
     Retry,
     Failed,
     Release,
+    Park,
 }
 
 pub fn kind_of(r: &Resolution) -> Kind {
@@ -31,6 +32,7 @@ pub fn kind_of(r: &Resolution) -> Kind {
         Resolution::Retry { .. } => Kind::Retry,
         Resolution::Failed { .. } => Kind::Failed,
         Resolution::Release { .. } => Kind::Release,
+        Resolution::Park => Kind::Park,
     }
 }
 
@@ -49,7 +51,7 @@ fn error_of(r: &Resolution) -> Option<String> {
             Some(sanitize_text(error))
         }
         Resolution::Release { error, .. } => error.as_deref().map(sanitize_text),
-        Resolution::Delivered => None,
+        Resolution::Delivered | Resolution::Park => None,
     }
 }
 
@@ -144,6 +146,16 @@ fn groups(done: &[Completion]) -> Groups<'_> {
 fn statement(db: &Db, sql: &dyn ResultSql, kind: Kind, rows: &[&Completion]) -> Sql {
     let (s, c) = (db.syntax(), db.cols());
     let mut q = Sql::new(&format!("UPDATE {} SET ", db.table()));
+    if kind == Kind::Park {
+        // Only the relay's own columns, which nothing of the table's can refuse; the claim
+        // token stays, so the row stays claimed (for a year) and no claim takes it.
+        q.push("claimed_by = ")
+            .text(PARKED_BY)
+            .push(", claimed_until = ")
+            .now_plus(s, MAX_AHEAD);
+        sql.select_rows(db, kind, rows, &mut q);
+        return q;
+    }
     let attempts = c.count_attempt();
     match kind {
         Kind::Delivered => {
@@ -170,6 +182,8 @@ fn statement(db: &Db, sql: &dyn ResultSql, kind: Kind, rows: &[&Completion]) -> 
             q.push(&format!("{}, {attempts}", c.set(State::Failed)));
             set_error(db, &mut q, rows, false);
         }
+        // Written above.
+        Kind::Park => {}
         Kind::Release => {
             q.push(&format!("{} = ", c.next_attempt_at))
                 .append(next_attempt(db, rows));

@@ -1,53 +1,19 @@
-//! The live check behind `check-config` and `run` on a table mapped by `[table]`: every
-//! mapped column exists and is of a type the relay can use, the bookkeeping columns and what
-//! claims need are there.
+//! The live check behind `check-config`, `run` and `migrate --adopt` on a table mapped by
+//! `[table]`: the table and every mapped column exist as the database resolves their quoted
+//! names, each column is of a type the relay can use, the status values fit the status column
+//! (`values.rs`), and the bookkeeping columns and what claims need are there.
 //!
-//! Guarantee: the check names the configuration key of every mapped column that is missing or
-//! of an unusable type, and asks for `migrate --adopt` when bookkeeping is missing.
+//! Guarantees: the check names the configuration key of everything it refuses (a name that
+//! resolves to nothing, with "did you mean" when only the case differs; a type the relay
+//! cannot use; a status value the column cannot hold or cannot tell from another state's; a
+//! payload object too wide for the database), and asks for `migrate --adopt` when only the
+//! relay's own additions are missing ([`Problem::adopt`]).
 
-use super::SchemaSql;
-use super::adopt::{bookkeeping, exists, live_columns};
+pub use super::Problem;
+use super::live::{self, Kind, LiveColumn, bookkeeping, did_you_mean, exists, find, kind};
+use super::{SchemaSql, values};
 use crate::store::db::Db;
 use crate::store::sql::ident::bare;
-
-/// A problem the live check found: the key at fault and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Problem {
-    pub key: String,
-    pub message: String,
-}
-
-impl std::fmt::Display for Problem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.key, self.message)
-    }
-}
-
-/// The kinds of column type the check tells apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Int,
-    Text,
-    Time,
-    Json,
-    Other,
-}
-
-/// What a column's declared type is, by the server's name for it.
-fn kind(t: &str) -> Kind {
-    let t = t.to_ascii_lowercase();
-    if t.contains("int") {
-        Kind::Int
-    } else if t.starts_with("json") {
-        Kind::Json
-    } else if t.contains("timestamp") || t.contains("datetime") {
-        Kind::Time
-    } else if t.contains("char") || t.contains("text") || t == "enum" || t == "user-defined" {
-        Kind::Text
-    } else {
-        Kind::Other
-    }
-}
 
 /// The hint every missing-bookkeeping problem carries.
 const RUN_ADOPT: &str =
@@ -59,11 +25,13 @@ pub async fn check_table(db: &Db, sql: &dyn SchemaSql) -> anyhow::Result<Vec<Pro
     if !db.cols().mapped {
         return Ok(Vec::new());
     }
-    let Some(live) = live_columns(db, sql).await? else {
-        return Ok(vec![Problem {
-            key: "database.table".into(),
-            message: format!("table {} does not exist", db.table()),
-        }]);
+    let Some(live) = live::columns(db, sql).await? else {
+        let names = live::table_names(db, sql).await?;
+        let hint = did_you_mean(names.iter().map(String::as_str), db.table_name());
+        return Ok(vec![Problem::at(
+            "database.table",
+            format!("table \"{}\" does not exist{hint}", db.table_name()),
+        )]);
     };
     let mut check = Check {
         db,
@@ -74,6 +42,14 @@ pub async fn check_table(db: &Db, sql: &dyn SchemaSql) -> anyhow::Result<Vec<Pro
     check.mapped_columns();
     check.payload_columns();
     check.owned_columns();
+    if let Some(status) = find(sql, &live, &db.cols().status)
+        && check
+            .problems
+            .iter()
+            .all(|p| p.key != "table.columns.status")
+    {
+        check.problems.extend(values::check(db, sql, status).await?);
+    }
     check.bookkeeping_columns();
     check.claim_support().await?;
     Ok(check.problems)
@@ -83,32 +59,42 @@ pub async fn check_table(db: &Db, sql: &dyn SchemaSql) -> anyhow::Result<Vec<Pro
 struct Check<'a> {
     db: &'a Db,
     sql: &'a dyn SchemaSql,
-    /// The table's columns: (lower-case name, type).
-    live: &'a [(String, String)],
+    live: &'a [LiveColumn],
     problems: Vec<Problem>,
 }
 
 impl Check<'_> {
+    /// The column mapped by `key` as `name` (its SQL form), if it resolves; else a problem.
+    fn column(&mut self, key: &str, name: &str) -> Option<&LiveColumn> {
+        let found = find(self.sql, self.live, name);
+        if found.is_none() {
+            let hint = did_you_mean(self.live.iter().map(|c| c.name.as_str()), name);
+            self.problems.push(Problem::at(
+                key,
+                format!(
+                    "column \"{}\" does not exist in table {}{hint}",
+                    bare(name),
+                    self.db.table_name()
+                ),
+            ));
+        }
+        found
+    }
+
     /// The column mapped by `key` as `name` exists, and is of one of the kinds `ok` (`what`
     /// says which, for the message).
     fn want(&mut self, key: &str, name: &str, ok: &[Kind], what: &str) {
-        let name = bare(name);
-        let t = self.db.table();
-        match self.live.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)) {
-            None => self.problems.push(Problem {
-                key: key.to_string(),
-                message: format!("column \"{name}\" does not exist in table {t}"),
-            }),
-            // Where columns take any value whatever their declared type, any will do.
-            Some((_, ty)) if self.sql.typed_columns() && !ok.contains(&kind(ty)) => {
-                self.problems.push(Problem {
-                    key: key.to_string(),
-                    message: format!(
-                        "column \"{name}\" is of type {ty}; the relay needs {what} there"
-                    ),
-                })
-            }
-            Some(_) => {}
+        let typed = self.sql.typed_columns();
+        let Some(col) = self.column(key, name) else {
+            return;
+        };
+        // Where columns take any value whatever their declared type, any will do.
+        if typed && !ok.contains(&kind(&col.ty)) {
+            let message = format!(
+                "column \"{}\" is of type {}; the relay needs {what} there",
+                col.name, col.ty
+            );
+            self.problems.push(Problem::at(key, message));
         }
     }
 
@@ -116,13 +102,21 @@ impl Check<'_> {
     fn mapped_columns(&mut self) {
         use Kind::*;
         let c = self.db.cols().clone();
-        let any_text = [Text, Int, Json];
-        self.want(
-            "table.columns.id",
-            &c.id,
-            &[Int],
-            "an integer (ids are compared and ordered)",
-        );
+        let any_text = [Text, Int, Json, Time, Other];
+        let id_what = "an integer (ids are compared and ordered)";
+        self.want("table.columns.id", &c.id, &[Int], id_what);
+        if let Some(id) = find(self.sql, self.live, &c.id)
+            && id.nullable
+        {
+            self.problems.push(Problem::at(
+                "table.columns.id",
+                format!(
+                    "column \"{}\" may be NULL; the relay needs a NOT NULL id (a primary key): \
+                     a row without one could be neither claimed nor written",
+                    id.name
+                ),
+            ));
+        }
         let (status_ok, what): (&[Kind], &str) = match c.status_kinds() {
             (true, false) => (&[Int], "an integer (table.status holds integers)"),
             (true, true) => (&[Int, Text], "an integer or text"),
@@ -137,8 +131,24 @@ impl Check<'_> {
             ("table.columns.ordering_key", &c.ordering_key),
         ] {
             if let Some(col) = col {
-                self.want(key, col, &any_text, "text");
+                self.want(key, col, &any_text, "a scalar value");
             }
+        }
+        if let (Some(k), Some(max)) = (&c.ordering_key, self.sql.max_key_chars())
+            && let Some(col) = find(self.sql, self.live, k)
+            && col.max_len.is_some_and(|n| n > max)
+        {
+            self.problems.push(Problem::at(
+                "table.columns.ordering_key",
+                format!(
+                    "column \"{}\" ({}) holds values of up to {} characters; claims index the \
+                     ordering key of unfinished rows, at most {max} characters here: map a \
+                     column of VARCHAR({max}) or shorter",
+                    col.name,
+                    col.full,
+                    col.max_len.unwrap_or_default()
+                ),
+            ));
         }
         if let Some(e) = &c.last_error {
             self.want("table.columns.last_error", e, &[Text], "text");
@@ -170,7 +180,8 @@ impl Check<'_> {
         }
     }
 
-    /// The payload column, or every column `table.payload_object` reads.
+    /// The payload column, or every column `table.payload_object` reads (any scalar type:
+    /// each becomes text in its documented format), and the object's width.
     fn payload_columns(&mut self) {
         use Kind::*;
         for (key, col, json) in self.db.cols().payload_columns() {
@@ -184,22 +195,54 @@ impl Check<'_> {
             } else if json || key == "table.columns.payload" {
                 self.want(&key, &col, &[Text, Json], "text or JSON");
             } else {
-                self.want(&key, &col, &[Text, Int, Json, Time], "a scalar value");
+                self.column(&key, &col);
             }
+        }
+        let widest = self.db.cols().widest_object();
+        if let (Some((key, n)), Some(max)) = (widest, self.db.syntax().max_object_pairs())
+            && n > max
+        {
+            self.problems.push(Problem::at(
+                &key,
+                format!(
+                    "an object of {n} keys; {} builds objects of at most {max} keys: nest some \
+                     of them in an object of their own",
+                    self.db.dialect().name()
+                ),
+            ));
         }
     }
 
-    /// The relay's bookkeeping columns.
+    /// A problem `migrate --adopt` fixes.
+    fn needs_adopt(&mut self, message: String) {
+        self.problems.push(Problem {
+            key: "table".into(),
+            message,
+            adopt: true,
+        });
+    }
+
+    /// The relay's bookkeeping columns: present, and (a column of the table's own of that
+    /// name, not mapped, is taken for it) of the kind the relay writes there.
     fn bookkeeping_columns(&mut self) {
-        for (name, _) in bookkeeping(self.db, self.sql) {
-            let name = bare(&name);
-            if !self.live.iter().any(|(n, _)| n.eq_ignore_ascii_case(name)) {
-                self.problems.push(Problem {
-                    key: "table".into(),
-                    message: format!(
-                        "the relay's bookkeeping column \"{name}\" is missing: {RUN_ADOPT}"
-                    ),
-                });
+        for (name, ddl) in bookkeeping(self.db, self.sql) {
+            match find(self.sql, self.live, &name) {
+                None => self.needs_adopt(format!(
+                    "the relay's bookkeeping column \"{}\" is missing: {RUN_ADOPT}",
+                    bare(&name)
+                )),
+                Some(col) if self.sql.typed_columns() && kind(&col.ty) != kind(ddl) => {
+                    let message = format!(
+                        "the table's column \"{}\" ({}) is where the relay keeps its own \
+                         \"{}\" ({ddl}); map the relay's column to another name, or rename this \
+                         one",
+                        col.name,
+                        col.full,
+                        bare(&name)
+                    );
+                    self.problems.push(Problem::at("table", message));
+                }
+                Some(_) => {}
             }
         }
     }
@@ -208,51 +251,22 @@ impl Check<'_> {
     async fn claim_support(&mut self) -> anyhow::Result<()> {
         let support = self.sql.claim_support(self.db);
         let mut missing = Vec::new();
-        for (name, _) in support.indexes {
+        for (name, _, _) in support.indexes {
             if !exists(self.db, self.sql, &name, false).await? {
                 missing.push(name);
             }
         }
         for (name, _) in support.columns {
-            if !self.live.iter().any(|(n, _)| *n == name) {
+            if find(self.sql, self.live, &name).is_none() {
                 missing.push(name);
             }
         }
         if !missing.is_empty() {
-            self.problems.push(Problem {
-                key: "table".into(),
-                message: format!(
-                    "the index(es)/column(s) claims need are missing ({}): {RUN_ADOPT}",
-                    missing.join(", ")
-                ),
-            });
+            self.needs_adopt(format!(
+                "the index(es)/column(s) claims need are missing ({}): {RUN_ADOPT}",
+                missing.join(", ")
+            ));
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kinds_of_server_types() {
-        for (t, k) in [
-            ("bigint", Kind::Int),
-            ("integer", Kind::Int),
-            ("tinyint", Kind::Int),
-            ("character varying", Kind::Text),
-            ("varchar", Kind::Text),
-            ("enum", Kind::Text),
-            ("USER-DEFINED", Kind::Text),
-            ("longtext", Kind::Text),
-            ("jsonb", Kind::Json),
-            ("timestamp with time zone", Kind::Time),
-            ("datetime", Kind::Time),
-            ("numeric", Kind::Other),
-            ("bytea", Kind::Other),
-        ] {
-            assert_eq!(kind(t), k, "{t}");
-        }
     }
 }

@@ -1,10 +1,14 @@
 //! The tables' schema: the versioned migrations of the relay's own table (`migrate.rs`), and
-//! what runs on an existing table mapped by `[table]`: the live check and `migrate --adopt`
-//! (`adopt.rs`, `check.rs`). Each database's DDL is its [`SchemaSql`].
+//! what runs on an existing table mapped by `[table]`: the live table as the catalog describes
+//! it (`live.rs`), the live check (`check.rs`, with the status values' in `values.rs`) and
+//! `migrate --adopt` (`adopt.rs`). Each database's DDL and catalog queries are its
+//! [`SchemaSql`].
 
 pub mod adopt;
 pub mod check;
+pub mod live;
 pub mod migrate;
+pub mod values;
 
 use sqlx::Any;
 use sqlx::pool::PoolConnection;
@@ -12,6 +16,33 @@ use sqlx::pool::PoolConnection;
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::sql::Sql;
+
+/// A problem the live check found: the key at fault and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub key: String,
+    pub message: String,
+    /// `migrate --adopt` fixes it (a bookkeeping column or the claims' index is missing);
+    /// anything else is the mapping's, which `migrate --adopt` refuses to run with.
+    pub adopt: bool,
+}
+
+impl Problem {
+    /// A problem of the mapping, at `key`.
+    pub fn at(key: &str, message: impl Into<String>) -> Problem {
+        Problem {
+            key: key.to_string(),
+            message: message.into(),
+            adopt: false,
+        }
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
 
 /// One connection, for DDL.
 pub type Conn = PoolConnection<Any>;
@@ -59,11 +90,45 @@ pub trait SchemaSql: Send + Sync {
     /// `SELECT COUNT(*)` of tables named `table` in the connection's schema or database.
     fn table_exists(&self, table: &str) -> Sql;
 
-    /// `SELECT name, type` of the columns of `table` (no row: no such table).
+    /// The columns of `table` (no row: no such table), one row per column: name, lower-case
+    /// data type, the full type (PostgreSQL's `udt_name`, MySQL's `COLUMN_TYPE`), the
+    /// maximum length in characters, whether it takes NULL (`YES`/`NO`), collation and
+    /// character set (NULL where the database has none to report).
     fn live_columns(&self, table: &str) -> Sql;
 
-    /// `SELECT COUNT(*)` of indexes (or, `trigger`, triggers) named `name`.
-    fn object_exists(&self, name: &str, trigger: bool) -> Sql;
+    /// The names of the tables of the connection's schema or database.
+    fn table_names(&self) -> Sql;
+
+    /// Whether `configured` names the live column `live`, as the database resolves a quoted
+    /// name: by default ignoring ASCII case (MySQL's and SQLite's column names).
+    fn resolves(&self, configured: &str, live: &str) -> bool {
+        configured.eq_ignore_ascii_case(live)
+    }
+
+    /// The members of the enum type `udt` (PostgreSQL's enum types), in order; `None` where
+    /// enum members are read from the column's type itself.
+    fn enum_labels(&self, _udt: &str) -> Option<Sql> {
+        None
+    }
+
+    /// `SELECT COUNT(*)` of indexes (or, `trigger`, triggers) named `name` on `table`.
+    fn object_exists(&self, table: &str, name: &str, trigger: bool) -> Sql;
+
+    /// The most characters of an ordering key claims can index here (`None`: any).
+    fn max_key_chars(&self) -> Option<i64> {
+        None
+    }
+
+    /// Whether DDL runs in a transaction here, so that `migrate --adopt` is undone by a
+    /// rollback; elsewhere each step that ran is undone by its own statement.
+    fn transactional_ddl(&self) -> bool {
+        true
+    }
+
+    /// The statement that drops the index `index` (SQL form) of `table`.
+    fn drop_index(&self, _table: &str, index: &str) -> String {
+        format!("DROP INDEX {index}")
+    }
 
     /// Whether the database checks a column's declared type (SQLite's columns take any
     /// value whatever their type).
@@ -92,9 +157,10 @@ pub trait SchemaSql: Send + Sync {
         }
     }
 
-    /// The NOTIFY trigger's statements, where the database has one (`table.notify_trigger`).
-    fn notify_trigger(&self, _table: &str) -> Vec<String> {
-        Vec::new()
+    /// The NOTIFY trigger of `db`'s table, where the database has one
+    /// (`table.notify_trigger`): its name, and its statements.
+    fn notify_trigger(&self, _db: &Db) -> Option<(String, Vec<String>)> {
+        None
     }
 }
 
@@ -103,12 +169,16 @@ pub trait SchemaSql: Send + Sync {
 pub struct ClaimSupport {
     /// (column name, `ADD COLUMN ...` clause).
     pub columns: Vec<(String, String)>,
-    /// (index name, statement).
-    pub indexes: Vec<(String, String)>,
+    /// (index name as the catalog lists it, its SQL form, the statement creating it).
+    pub indexes: Vec<(String, String, String)>,
 }
 
 /// The partial indexes of unfinished rows that claims walk on a mapped table: by channel
 /// (and id), and by ordering key (and id), for databases that have partial indexes.
+///
+/// No `IF NOT EXISTS`: the plan creates only what the catalog lacks, and an object of the
+/// same name that is not this index (a table, another table's index) must fail the plan, not
+/// be taken for the index.
 pub fn partial_indexes(db: &Db) -> ClaimSupport {
     let (t, c) = (db.table(), db.cols());
     let id = &c.id;
@@ -116,20 +186,18 @@ pub fn partial_indexes(db: &Db) -> ClaimSupport {
     let lead = c
         .channel_column()
         .map_or(String::new(), |ch| format!("{ch}, "));
+    let (name, sql) = db.object("channel_due_idx");
     let mut indexes = vec![(
-        format!("{t}_channel_due_idx"),
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_channel_due_idx ON {t} ({lead}{id}) \
-             WHERE {open}"
-        ),
+        name,
+        sql.clone(),
+        format!("CREATE INDEX {sql} ON {t} ({lead}{id}) WHERE {open}"),
     )];
     if let Some(k) = &c.ordering_key {
+        let (name, sql) = db.object("ordering_idx");
         indexes.push((
-            format!("{t}_ordering_idx"),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} ({k}, {id}) \
-                 WHERE {k} IS NOT NULL AND {open}"
-            ),
+            name,
+            sql.clone(),
+            format!("CREATE INDEX {sql} ON {t} ({k}, {id}) WHERE {k} IS NOT NULL AND {open}"),
         ));
     }
     ClaimSupport {

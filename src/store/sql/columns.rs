@@ -4,18 +4,25 @@
 //! table mapped by `[table]` (docs/adopting-a-table.md).
 //!
 //! Guarantees:
-//! - names and literals come only from the validated configuration (plain identifiers;
-//!   status values and payload keys without backslash or control characters, quotes
-//!   doubled), never from rows or the command line;
-//! - an assembled payload is built by the database (`json_build_object`, `JSON_OBJECT`,
-//!   `json_object`), never by concatenating text, so every value is escaped as JSON;
-//! - an optional column that is not mapped is never named: reads give NULL, writes skip it.
+//! - names and literals come only from the validated configuration, never from rows or the
+//!   command line; on a mapped table every name is quoted the database's own way
+//!   ([`Columns::quoted_for`], `ident.rs`), and status values are SQL string literals
+//!   (quotes doubled; no backslash or control character), which the statement builder never
+//!   takes for placeholders;
+//! - an assembled payload is built by the database (`payload.rs`), never by concatenating
+//!   text, so every value is escaped as JSON;
+//! - an optional column that is not mapped is never named: reads give NULL, writes skip it;
+//! - every status a row can hold has a name ([`Columns::state_name`]): a state's, `NULL`,
+//!   `UNKNOWN(<value>)` for a value no state maps, or `PARKED` for a row whose result the
+//!   database refused (docs/design.md, "9a. Mapped tables").
 
 use std::collections::BTreeMap;
 
 use super::dialect::Syntax;
 use super::ident::{quote, quote_object};
-use crate::config::{Code, PayloadValue, TableSettings, sql_string};
+use super::payload::{LiveType, Payload};
+use crate::config::{Code, TableSettings, sql_string};
+use crate::store::model::PARKED_BY;
 
 /// A state of the relay's state machine (docs/design.md, "The table and its states").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,13 +47,6 @@ impl State {
     }
 }
 
-/// How the payload is read.
-#[derive(Debug, Clone)]
-enum Payload {
-    Column(String),
-    Object(BTreeMap<String, PayloadValue>),
-}
-
 /// The table's columns and status values (see the module doc).
 #[derive(Debug, Clone)]
 pub struct Columns {
@@ -55,6 +55,9 @@ pub struct Columns {
     pub id: String,
     /// The channel column; `None` with a constant channel.
     channel: Option<String>,
+    /// The text around the channel column where it must be compared as text (the
+    /// database compares its type with no text, see [`Syntax::compares_with_text`]).
+    channel_as_text: Option<(String, String)>,
     /// The constant channel, as an SQL literal.
     channel_value: Option<String>,
     pub recipient: Option<String>,
@@ -69,6 +72,11 @@ pub struct Columns {
     pub sent_at: String,
     /// SQL literals per state; the first is the one written.
     codes: [Vec<String>; 4],
+    /// The values per state as configured (for the live check).
+    values: [Vec<Code>; 4],
+    /// The server's type of mapped columns read as text (by their SQL form), once the live
+    /// table was read ([`Columns::with_types`]).
+    types: BTreeMap<String, LiveType>,
     /// PostgreSQL: the table has (or `migrate --adopt` installs) the NOTIFY trigger.
     pub notify: bool,
     /// Which columns are the relay's bookkeeping on a mapped table (not mapped by it).
@@ -92,6 +100,7 @@ impl Default for Columns {
             mapped: false,
             id: own("id"),
             channel: Some(own("channel")),
+            channel_as_text: None,
             channel_value: None,
             recipient: Some(own("recipient")),
             payload: Payload::Column(own("payload")),
@@ -104,6 +113,8 @@ impl Default for Columns {
             updated_at: Some(own("updated_at")),
             sent_at: own("sent_at"),
             codes: State::ALL.map(|s| vec![sql_string(s.name())]),
+            values: State::ALL.map(|s| vec![Code::Text(s.name().into())]),
+            types: BTreeMap::new(),
             notify: true,
             owned: Owned::default(),
         }
@@ -117,24 +128,31 @@ impl Columns {
             return Columns::default();
         }
         let c = &t.columns;
-        let lits = |codes: Vec<Code>| codes.iter().map(Code::literal).collect::<Vec<_>>();
         let list = |c: &Option<crate::config::Codes>| match c {
             Some(crate::config::Codes::One(x)) => vec![x.clone()],
             Some(crate::config::Codes::Many(v)) => v.clone(),
             None => Vec::new(),
         };
-        let pending = lits(list(&t.status.pending));
-        let retry = match lits(list(&t.status.retry)) {
+        let pending = list(&t.status.pending);
+        let retry = match list(&t.status.retry) {
             // No retry state of its own: a retried row goes back to pending (with its
             // next_attempt_at in the future).
             r if r.is_empty() => pending.iter().take(1).cloned().collect(),
             r => r,
         };
-        let one = |c: &Option<Code>| c.iter().map(Code::literal).collect::<Vec<_>>();
+        let one = |c: &Option<Code>| c.iter().cloned().collect::<Vec<_>>();
+        let values = [
+            pending,
+            retry,
+            one(&t.status.success),
+            one(&t.status.failed),
+        ];
+        let lits = |codes: &Vec<Code>| codes.iter().map(Code::literal).collect::<Vec<_>>();
         Columns {
             mapped: true,
             id: c.id.clone().unwrap_or_else(|| "id".into()),
             channel: c.channel.clone(),
+            channel_as_text: None,
             channel_value: t.channel_value.as_deref().map(sql_string),
             recipient: c.recipient.clone(),
             payload: match (&c.payload, &t.payload_object) {
@@ -155,11 +173,13 @@ impl Columns {
             updated_at: c.updated_at.clone(),
             sent_at: c.sent_at.clone().unwrap_or_else(|| "sent_at".into()),
             codes: [
-                pending,
-                retry,
-                one(&t.status.success),
-                one(&t.status.failed),
+                lits(&values[0]),
+                lits(&values[1]),
+                lits(&values[2]),
+                lits(&values[3]),
             ],
+            values,
+            types: BTreeMap::new(),
             notify: t.notify_trigger.unwrap_or(false),
             owned: Owned {
                 attempts: c.attempts.is_none(),
@@ -204,21 +224,30 @@ impl Columns {
     /// with a number); digits given as strings (as every value from the environment is) fit
     /// either, since every database converts a quoted literal to the column's type.
     pub fn status_kinds(&self) -> (bool, bool) {
-        let all = || self.codes.iter().flatten();
-        if all().all(|v| !v.starts_with('\'')) {
+        let all = || self.values.iter().flatten();
+        if all().all(|v| matches!(v, Code::Int(_))) {
             (true, false)
-        } else if all().all(|v| v.trim_matches('\'').parse::<i64>().is_ok()) {
+        } else if all().all(|v| v.to_string().trim().parse::<i64>().is_ok()) {
             (true, true)
         } else {
             (false, true)
         }
     }
 
-    /// The same mapping with every column name that is an SQL keyword (`key`, `order`,
-    /// `type`, ...) quoted for the database, so an application's table with such a column can be
-    /// mapped as it is. Other names stay bare: quoting would make them case-sensitive on
-    /// PostgreSQL, where an unquoted `receiverMobileNo` is the column `receivermobileno`.
+    /// The values of state `s` as configured (the first is the one written).
+    pub fn values(&self, s: State) -> &[Code] {
+        &self.values[s as usize]
+    }
+
+    /// The same mapping with every name quoted the database's way (a mapped table; the
+    /// relay's own keeps its bare names): a column named like a keyword (`key`, `order`,
+    /// `partition`) or spelled in mixed case (`receiverMobileNo`, which PostgreSQL would
+    /// fold to lower case unquoted) is used exactly as configured. The live check resolves
+    /// every name the same way first (`schema/check.rs`).
     pub fn quoted_for(mut self, s: &dyn Syntax) -> Columns {
+        if !self.mapped {
+            return self;
+        }
         let q = |n: &mut String| *n = quote(s, n);
         let qo = |n: &mut Option<String>| {
             if let Some(n) = n {
@@ -243,15 +272,43 @@ impl Columns {
         self
     }
 
+    /// The same mapping knowing the server's type of its columns (`types`: lower-case type
+    /// name by the column's SQL form), so that each is read as text in its type's format.
+    pub fn with_types(mut self, types: BTreeMap<String, LiveType>, s: &dyn Syntax) -> Columns {
+        self.types = types;
+        self.channel_as_text = match &self.channel {
+            Some(c) if !s.compares_with_text(self.type_of(c)) => s
+                .cast_text("\u{0}")
+                .split_once('\u{0}')
+                .map(|(before, after)| (before.to_string(), after.to_string())),
+            _ => None,
+        };
+        self
+    }
+
+    /// The server's type of a column (by its SQL form), empty when unknown.
+    pub fn type_of(&self, col: &str) -> &str {
+        self.types.get(col).map_or("", |t| t.ty.as_str())
+    }
+
+    /// The most characters a column (by its SQL form) holds, where the live table says.
+    pub fn max_len_of(&self, col: &str) -> Option<i64> {
+        self.types.get(col).and_then(|t| t.max_len)
+    }
+
     /// The channel column, if the channel is not a constant.
     pub fn channel_column(&self) -> Option<&str> {
         self.channel.as_deref()
     }
 
-    /// The channel of row `a` (a column, or the constant as a literal).
+    /// The channel of row `a` (a column, or the constant as a literal), as it compares with
+    /// a sink's name.
     pub fn channel(&self, a: &str) -> String {
         match (&self.channel, &self.channel_value) {
-            (Some(c), _) => format!("{a}{c}"),
+            (Some(c), _) => match &self.channel_as_text {
+                Some((before, after)) => format!("{before}{a}{c}{after}"),
+                None => format!("{a}{c}"),
+            },
             (None, Some(v)) => v.clone(),
             (None, None) => "NULL".into(),
         }
@@ -261,7 +318,7 @@ impl Columns {
     pub fn text_or_null(&self, a: &str, col: &Option<String>, s: &dyn Syntax) -> String {
         match col {
             // A mapped column may be of any type (a number, a VARCHAR): read it as text.
-            Some(c) if self.mapped => s.cast_text(&format!("{a}{c}")),
+            Some(c) if self.mapped => s.scalar_text(&format!("{a}{c}"), self.type_of(c)),
             Some(c) => format!("{a}{c}"),
             None => s.null_text().to_string(),
         }
@@ -270,6 +327,26 @@ impl Columns {
     /// `<status> IN (<pending and retry values>)`: the row is unfinished.
     pub fn open(&self, a: &str) -> String {
         self.any_of(a, &[State::Pending, State::Retry])
+    }
+
+    /// [`Columns::open`] written as equalities joined by `OR` (the same rows), for
+    /// expressions a database accepts no `IN` in (MariaDB's indexed virtual columns over a
+    /// `CHAR(n)` status, see `mysql/open_index.rs`).
+    pub fn open_by_equalities(&self, a: &str) -> String {
+        let mut values: Vec<&str> = Vec::new();
+        for v in [State::Pending, State::Retry]
+            .iter()
+            .flat_map(|s| &self.codes[*s as usize])
+        {
+            if !values.contains(&v.as_str()) {
+                values.push(v);
+            }
+        }
+        let eq: Vec<String> = values
+            .iter()
+            .map(|v| format!("{a}{} = {v}", self.status))
+            .collect();
+        format!("({})", eq.join(" OR "))
     }
 
     /// `<status> IN (<every value of these states>)`, each value once (a retry state that
@@ -331,22 +408,43 @@ impl Columns {
         format!("{} = {v}", self.status)
     }
 
-    /// The relay's name of row `a`'s status (`PENDING`, ...), whatever the table stores; a
-    /// value that is no state's shows as itself.
+    /// The relay's name of row `a`'s status (`PENDING`, ...), whatever the table stores: on a
+    /// mapped table a NULL shows as `NULL` and a value that is no state's as
+    /// `UNKNOWN(<value>)` (the relay never claims either; docs/adopting-a-table.md).
     pub fn status_name(&self, a: &str, s: &dyn Syntax) -> String {
         if !self.mapped {
             return format!("{a}{}", self.status);
         }
         let col = format!("{a}{}", self.status);
-        let mut out = format!("CASE {col}");
+        let mut out = format!("CASE WHEN {col} IS NULL THEN 'NULL'");
         for s in State::ALL {
             for v in &self.codes[s as usize] {
-                out.push_str(&format!(" WHEN {v} THEN '{}'", s.name()));
+                out.push_str(&format!(" WHEN {col} = {v} THEN '{}'", s.name()));
             }
         }
-        out.push_str(&format!(" ELSE {} END", s.cast_text(&col)));
+        out.push_str(&format!(
+            " ELSE CONCAT('UNKNOWN(', {}, ')') END",
+            s.cast_text(&col)
+        ));
         // A retry that goes back to pending matches PENDING first, which is what it is.
         out
+    }
+
+    /// [`Columns::status_name`], or `PARKED` for a row the relay parked because the database
+    /// refused every result for it ([`Columns::parked`]).
+    pub fn state_name(&self, a: &str, s: &dyn Syntax) -> String {
+        format!(
+            "CASE WHEN {} THEN 'PARKED' ELSE {} END",
+            self.parked(a),
+            self.status_name(a, s)
+        )
+    }
+
+    /// The condition that row `a` is parked: claimed by the marker the relay writes when the
+    /// database refused every result for the row (docs/design.md, "Results"). Claims never
+    /// take it again (its claim runs a year); `requeue` brings it back.
+    pub fn parked(&self, a: &str) -> String {
+        format!("{a}claimed_by = {}", sql_string(PARKED_BY))
     }
 
     /// `attempts = attempts + 1` (a mapped table's count may be NULL: it counts from 0).
@@ -386,22 +484,18 @@ impl Columns {
 
     /// The payload of row `a` as JSON (a column, or the object built by the database).
     pub fn payload(&self, a: &str, s: &dyn Syntax) -> String {
-        match &self.payload {
-            Payload::Column(c) => format!("{a}{c}"),
-            Payload::Object(obj) => object(a, obj, s),
-        }
+        self.payload.render(a, s, &self.types)
     }
 
-    /// The columns the payload is read from (for the live check).
+    /// The columns the payload is read from (for the live check): (key, column SQL form,
+    /// embedded as JSON).
     pub fn payload_columns(&self) -> Vec<(String, String, bool)> {
-        match &self.payload {
-            Payload::Column(c) => vec![("table.columns.payload".into(), c.clone(), false)],
-            Payload::Object(obj) => {
-                let mut out = Vec::new();
-                collect("table.payload_object", obj, &mut out);
-                out
-            }
-        }
+        self.payload.columns()
+    }
+
+    /// The key and pair count of the payload's widest object, if it is built from columns.
+    pub fn widest_object(&self) -> Option<(String, usize)> {
+        self.payload.widest_object()
     }
 
     /// Whether the payload is one column the relay may insert into (`enqueue`).
@@ -411,32 +505,4 @@ impl Columns {
             Payload::Object(_) => None,
         }
     }
-}
-
-/// (key, column, embedded as JSON) of every column an object reads.
-fn collect(key: &str, obj: &BTreeMap<String, PayloadValue>, out: &mut Vec<(String, String, bool)>) {
-    for (k, v) in obj {
-        let at = format!("{key}.{k}");
-        match v {
-            PayloadValue::Column(c) => out.push((at, c.clone(), false)),
-            PayloadValue::Json { json } => out.push((at, json.clone(), true)),
-            PayloadValue::Object(inner) => collect(&at, inner, out),
-        }
-    }
-}
-
-/// A JSON object built by the database from the columns of row `a`.
-fn object(a: &str, obj: &BTreeMap<String, PayloadValue>, s: &dyn Syntax) -> String {
-    let args: Vec<String> = obj
-        .iter()
-        .map(|(k, v)| {
-            let value = match v {
-                PayloadValue::Column(c) => s.cast_text(&format!("{a}{c}")),
-                PayloadValue::Json { json } => s.json_value(&format!("{a}{json}")),
-                PayloadValue::Object(inner) => object(a, inner, s),
-            };
-            format!("{}, {value}", sql_string(k))
-        })
-        .collect();
-    s.json_object(&args)
 }

@@ -141,8 +141,28 @@ pub trait Syntax: Send + Sync {
     /// A column holding JSON, as a JSON value inside a built object.
     fn json_value(&self, col: &str) -> String;
 
-    /// A JSON object built by the database from `key, value` pairs (already SQL).
+    /// A JSON object built by the database from `key, value` pairs (already SQL), however
+    /// many (a database whose object function takes fewer arguments joins several).
     fn json_object(&self, pairs: &[String]) -> String;
+
+    /// The most pairs one object of a payload may have here (`None`: any number), where
+    /// [`Syntax::json_object`] cannot join objects without changing their values.
+    fn max_object_pairs(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether a column of the server's type `ty` compares with a bound text value as it is
+    /// (PostgreSQL compares no integer or enum with text: such a channel is compared as text).
+    fn compares_with_text(&self, _ty: &str) -> bool {
+        true
+    }
+
+    /// A mapped column of the server's type `ty` (its lower-case name, as the live table
+    /// reports it; empty when unknown) as text, in the documented format of that type
+    /// (docs/adopting-a-table.md, "Types"). By default [`Syntax::cast_text`].
+    fn scalar_text(&self, expr: &str, _ty: &str) -> String {
+        self.cast_text(expr)
+    }
 
     /// A bound payload (text) as a value of the payload column's type: the text before and
     /// after the value.

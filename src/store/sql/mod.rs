@@ -7,6 +7,7 @@ pub mod builder;
 pub mod columns;
 pub mod dialect;
 pub mod ident;
+pub mod payload;
 
 pub use builder::{AnyQuery, Sql};
 pub use columns::{Columns, Owned, State};

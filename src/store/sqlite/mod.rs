@@ -110,4 +110,19 @@ impl Syntax for Sqlite {
     fn json_object(&self, pairs: &[String]) -> String {
         format!("json_object({})", pairs.join(", "))
     }
+
+    /// SQLite takes at most 1,000 arguments to a function (`SQLITE_MAX_FUNCTION_ARG` of the
+    /// bundled build), and its only ways to join objects (`json_patch`) drop keys whose value
+    /// is null.
+    fn max_object_pairs(&self) -> Option<usize> {
+        Some(500)
+    }
+
+    /// A column holds whatever was stored in it, whatever its declared type: bytes as
+    /// lower-case hex, anything else as SQLite writes it as text (times are text already).
+    fn scalar_text(&self, expr: &str, _ty: &str) -> String {
+        format!(
+            "CASE WHEN typeof({expr}) = 'blob' THEN lower(hex({expr})) ELSE CAST({expr} AS TEXT) END"
+        )
+    }
 }

@@ -58,15 +58,32 @@ impl SchemaSql for Sqlite {
         q
     }
 
+    /// `pragma_table_xinfo` also lists generated columns. An `INTEGER PRIMARY KEY` is the
+    /// rowid: never NULL, though not declared NOT NULL.
     fn live_columns(&self, table: &str) -> Sql {
-        let mut q = Sql::new("SELECT name, type FROM pragma_table_info((");
+        let mut q = Sql::new(
+            "SELECT name, lower(type), type, NULL, \
+             CASE WHEN \"notnull\" OR (pk > 0 AND lower(type) = 'integer') THEN 'NO' \
+             ELSE 'YES' END, NULL, NULL FROM pragma_table_xinfo((",
+        );
         q.text(table).push("))");
         q
     }
 
-    fn object_exists(&self, name: &str, _trigger: bool) -> Sql {
-        let mut q = Sql::new("SELECT COUNT(*) FROM sqlite_master WHERE name = (");
-        q.text(name).push(")");
+    fn table_names(&self) -> Sql {
+        Sql::new("SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+
+    /// Names are not case-sensitive here (ASCII).
+    fn object_exists(&self, table: &str, name: &str, trigger: bool) -> Sql {
+        let mut q = Sql::new(match trigger {
+            true => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'trigger' AND name = (",
+            false => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = (",
+        });
+        q.text(name)
+            .push(") COLLATE NOCASE AND tbl_name = (")
+            .text(table)
+            .push(") COLLATE NOCASE");
         q
     }
 

@@ -10,6 +10,7 @@
 //! `check-config` and `run` name a missing column by its key. Other shapes (integer codes, a
 //! JSON column, no retry state, the Alimtalk sink through the NHN fake) are in [`shapes`].
 
+mod hostile;
 pub(super) mod shapes;
 
 use std::process::Output;
