@@ -86,7 +86,7 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
 <table class="grid" id="channels">
 <thead><tr><th>Channel</th><th>Pending</th><th>Retrying</th><th>Failed</th><th>Delivered (last hour)</th><th>Oldest pending</th><th>Sink</th></tr></thead>
 <tbody>{rows}{totals}</tbody></table>
-<section class="cols">
+{stuck}<section class="cols">
 <div><h2>Lease</h2><p id="lease">{lease}</p></div>
 <div><h2>Live claims</h2><table class="grid" id="claims"><thead><tr><th>Instance</th><th>Rows claimed</th></tr></thead><tbody>{claim_rows}</tbody></table></div>
 </section>
@@ -108,8 +108,32 @@ pub(super) async fn overview(State(c): State<Console>, Viewer(who): Viewer) -> R
         },
         lease = esc(&lease_text(&c, lease.as_ref())),
         live = live_rows(&c),
+        stuck = stuck_rows(&channels),
     );
     framed(&c, &who, "Overview", &body)
+}
+
+/// A notice of the rows no claim takes and no count above shows: parked rows (the database
+/// refused every result for them) and, on a mapped table, rows whose status is NULL or no
+/// state's value. Empty when there are none.
+fn stuck_rows(channels: &[crate::store::ChannelCounts]) -> String {
+    let mut lines = String::new();
+    for ch in channels.iter().filter(|c| c.parked > 0 || c.unknown > 0) {
+        let _ = write!(
+            lines,
+            "<li><b>{}</b>: {} parked, {} with a NULL or unknown status</li>",
+            esc(&ch.channel),
+            ch.parked,
+            ch.unknown
+        );
+    }
+    if lines.is_empty() {
+        return String::new();
+    }
+    format!(
+        r#"<div class="warn" id="stuck"><p>Rows no claim will take until someone acts (<code>outbox-relay status</code> explains each state; <code>requeue --id</code> brings a parked row back):</p><ul>{lines}</ul></div>
+"#
+    )
 }
 
 /// The channels with rows, and every configured sink without any (a line that says "nothing

@@ -261,6 +261,11 @@ pub struct ChannelCounts {
     pub delivered_last_hour: i64,
     /// Age of the channel's oldest PENDING or RETRY row.
     pub oldest_pending: Option<Duration>,
+    /// Rows the relay parked: the database refused every result for them, so no claim takes
+    /// them again until requeued (not counted as pending).
+    pub parked: i64,
+    /// Rows of a mapped table whose status is NULL or a value no state maps: never claimed.
+    pub unknown: i64,
 }
 
 /// Every stored column of one row, times as UTC text, for the console's row page. The status

@@ -116,6 +116,13 @@ async fn nulls_in_every_mapped_column_are_shown_never_hidden_or_fatal(db: Db) {
         let page = c.get(path).await;
         assert_eq!(page.status, 200, "{path}: {}", page.body);
     }
+    let overview = c.get("/").await;
+    assert!(
+        overview.body.contains(r#"id="stuck""#)
+            && overview.body.contains("with a NULL or unknown status"),
+        "the overview shows the rows no state maps: {}",
+        overview.body
+    );
     for (id, state) in [
         (2, "FAILED"),
         (3, "NULL"),

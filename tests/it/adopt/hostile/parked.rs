@@ -71,6 +71,12 @@ async fn a_row_whose_result_is_refused_is_parked_not_sent_again(db: Db) {
         "{}",
         page.body
     );
+    let overview = c.get("/").await;
+    assert!(
+        overview.body.contains(r#"id="stuck""#) && overview.body.contains("2 parked"),
+        "the overview says a row is parked: {}",
+        overview.body
+    );
 
     // Requeued, the row is claimed and sent again (and parked again: the cause is still there).
     let out = ok(&td, &cfg, &["requeue", "--id", "1"]).await;
