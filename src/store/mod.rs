@@ -63,6 +63,8 @@ pub use sql_store::SqlStore;
 /// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
 #[doc(hidden)]
 pub use claim::returned::to_claimed;
+/// The claim rule over rows in memory: the model the tests share (see its module doc).
+pub use claim::rule;
 
 /// Opens the store for `url` with `table`, without migrating.
 pub async fn connect(

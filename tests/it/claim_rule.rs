@@ -1,9 +1,10 @@
 //! The ordering-key claim rule as a model check, against the real store: random interleavings
 //! of insert, claim, complete (success, retry, fail, give back) and claim expiry, across one to
 //! three claimers (each its own `SqlStore`, with its own floors, as claim-mode instances are)
-//! on one SQLite table. The store's claim decides what is claimable; a small model beside it
-//! says what the rule allows (docs/design.md, "Claims": due, under no live claim, and every
-//! earlier unfinished row of its ordering key taken by the same claim). The claimers finish
+//! on one SQLite table. The store's claim decides what is claimable; the rule's model, the
+//! one the relay's own tests run on (`outbox_relay::store::rule`), says what the rule allows
+//! (docs/design.md, "What is claimable": due, under no live claim, and every earlier
+//! unfinished row of its ordering key taken by the same claim). The claimers finish
 //! a claim's rows of one key as the relay sends them: one after another, and the rest given
 //! back when one is not delivered. Checked after every step:
 //!
@@ -21,8 +22,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use outbox_relay::store::rule::{RuleRow, RuleTable};
 use outbox_relay::store::{
-    Budgets, ClaimRequest, ClaimedRow, Completion, Queue, Resolution, SqlStore,
+    Budgets, ClaimRequest, ClaimedRow, Completion, Queue, Resolution, SqlStore, State,
 };
 use proptest::prelude::*;
 
@@ -77,42 +79,30 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// What the model knows of a row.
-#[derive(Debug)]
-struct Row {
-    channel: &'static str,
-    key: Option<&'static str>,
-    finished: bool,
-    /// The token of the row's last claim: results are written under it, live or not (an
-    /// expired claim nobody took since still owns the row's result).
-    claim: Option<Arc<str>>,
-    /// Whether that claim is live (not run out, not finished).
-    live: bool,
-}
-
+/// The shared model of the rule (`outbox_relay::store::rule`), and the order in which each
+/// key's rows finished. Retries are due at once here, so the wall clock serves.
 #[derive(Default)]
 struct Model {
-    rows: BTreeMap<i64, Row>,
+    table: RuleTable<Instant>,
     /// Per key, the ids in the order they finished.
-    finished: BTreeMap<&'static str, Vec<i64>>,
+    finished: BTreeMap<String, Vec<i64>>,
 }
 
 impl Model {
-    /// The rule, for a claim of the rows `with`: unfinished (retries are due at once here),
-    /// under no live claim, and every earlier unfinished row of its ordering key among
-    /// `with`.
-    fn claimable(&self, id: i64, with: &[i64]) -> bool {
-        let Some(r) = self.rows.get(&id) else {
-            return false;
-        };
-        !r.finished
-            && !r.live
-            && r.key.is_none_or(|k| {
-                !self
-                    .rows
-                    .range(..id)
-                    .any(|(i, p)| p.key == Some(k) && !p.finished && !with.contains(i))
-            })
+    fn key(&self, id: i64) -> Option<&str> {
+        self.table.rows.get(&id).and_then(|r| r.key.as_deref())
+    }
+
+    /// Whether the row's claim under `token` is still live.
+    fn live(&self, id: i64, token: &Arc<str>) -> bool {
+        self.table
+            .rows
+            .get(&id)
+            .is_some_and(|r| r.live && r.claim.as_ref() == Some(token))
+    }
+
+    fn unfinished(&self) -> Vec<(&i64, &RuleRow<Instant>)> {
+        self.table.rows.iter().filter(|(_, r)| r.open()).collect()
     }
 }
 
@@ -164,22 +154,22 @@ fn check_claim(
         prop_assert!(n as u32 <= budget, "{n} rows of {c} over budget {budget}");
     }
     let with: Vec<i64> = got.iter().map(|r| r.delivery.id).collect();
+    let now = Instant::now();
     for r in got {
         let id = r.delivery.id;
         prop_assert!(
-            model.claimable(id, &with),
+            model.table.claimable(id, &with, now),
             "row {id} claimed but not claimable: {:?}; rows {:?}",
-            model.rows.get(&id),
-            model.rows
+            model.table.rows.get(&id),
+            model.table.rows
         );
-    }
-    for r in got {
-        if let Some(row) = model.rows.get_mut(&r.delivery.id) {
-            prop_assert_eq!(r.ordering_key.as_deref(), row.key);
-            prop_assert_eq!(r.delivery.channel.as_str(), row.channel);
-            row.claim = Some(req.token.clone());
-            row.live = true;
+        if let Some(row) = model.table.rows.get(&id) {
+            prop_assert_eq!(r.ordering_key.as_deref(), row.key.as_deref());
+            prop_assert_eq!(&r.delivery.channel, &row.channel);
         }
+    }
+    for id in with {
+        model.table.take(id, &req.token);
     }
     Ok(())
 }
@@ -188,12 +178,10 @@ fn check_claim(
 /// earlier one is still held (the relay sends a run in id order).
 fn first_of_its_run(model: &Model, held: &[(i64, Arc<str>)], i: usize) -> (i64, Arc<str>) {
     let (id, token) = held[i].clone();
-    let key = model.rows.get(&id).and_then(|r| r.key);
+    let key = model.key(id);
     let first = held
         .iter()
-        .filter(|(h, t)| {
-            *t == token && key.is_some() && model.rows.get(h).and_then(|r| r.key) == key
-        })
+        .filter(|(h, t)| *t == token && key.is_some() && model.key(*h) == key)
         .map(|(h, _)| *h)
         .min()
         .unwrap_or(id);
@@ -207,31 +195,24 @@ fn rest_of_run<'a>(
     id: i64,
     token: &'a Arc<str>,
 ) -> impl Iterator<Item = i64> + 'a {
-    let key = model.rows.get(&id).and_then(|r| r.key);
+    let key = model.key(id);
     held.iter()
-        .filter(move |(h, t)| {
-            t == token && *h > id && key.is_some() && model.rows.get(h).and_then(|r| r.key) == key
-        })
+        .filter(move |(h, t)| t == token && *h > id && key.is_some() && model.key(*h) == key)
         .map(|(h, _)| *h)
 }
 
 /// Applies a written result to the model; returns whether the store should have written it.
 fn apply(model: &mut Model, id: i64, token: &Arc<str>, how: How) -> bool {
-    let Some(row) = model.rows.get_mut(&id) else {
-        return false;
-    };
-    if row.claim.as_ref() != Some(token) {
-        return false;
+    let written = model
+        .table
+        .complete(id, token, &resolution(how), Instant::now());
+    if written
+        && matches!(how, How::Success | How::Fail)
+        && let Some(k) = model.key(id).map(str::to_string)
+    {
+        model.finished.entry(k).or_default().push(id);
     }
-    row.claim = None;
-    row.live = false;
-    if matches!(how, How::Success | How::Fail) {
-        row.finished = true;
-        if let Some(k) = row.key {
-            model.finished.entry(k).or_default().push(id);
-        }
-    }
-    true
+    written
 }
 
 async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCaseError> {
@@ -253,16 +234,8 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
             Step::Insert { channel, key } => {
                 let key = key.map(|k| KEYS[k]);
                 let id = db.enqueue(CHANNELS[channel], "{}", key).await;
-                model.rows.insert(
-                    id,
-                    Row {
-                        channel: CHANNELS[channel],
-                        key,
-                        finished: false,
-                        claim: None,
-                        live: false,
-                    },
-                );
+                let now = Instant::now();
+                (model.table).insert(id, CHANNELS[channel], key, State::Pending, now);
             }
             Step::Claim {
                 claimer,
@@ -286,11 +259,11 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
                 // As the relay sends a claim's rows of one key: the first one held goes first.
                 let (id, token) = first_of_its_run(&model, &held[c], pick % held[c].len());
                 // A claim that ran out sends nothing more (G4): its rows go back unsent.
-                let expired = model
-                    .rows
-                    .get(&id)
-                    .is_none_or(|r| !r.live || r.claim.as_ref() != Some(&token));
-                let how = if expired { How::GiveBack } else { how };
+                let how = if model.live(id, &token) {
+                    how
+                } else {
+                    How::GiveBack
+                };
                 let mut finish = vec![(id, how)];
                 if !matches!(how, How::Success) {
                     // ... and when it is not delivered, the rest go back unsent.
@@ -315,6 +288,7 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
             }
             Step::Expire { pick } => {
                 let live: Vec<i64> = model
+                    .table
                     .rows
                     .iter()
                     .filter(|(_, r)| r.live)
@@ -324,14 +298,7 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
                     continue;
                 }
                 // The whole claim runs out: its rows share one `claimed_until`.
-                let id = live[pick % live.len()];
-                let token = model.rows.get(&id).and_then(|r| r.claim.clone());
-                let ids: Vec<i64> = model
-                    .rows
-                    .iter()
-                    .filter(|(_, r)| r.live && r.claim == token)
-                    .map(|(id, _)| *id)
-                    .collect();
+                let ids = model.table.expire(live[pick % live.len()]);
                 let list = ids
                     .iter()
                     .map(i64::to_string)
@@ -342,11 +309,6 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
                     db_time(which, -5)
                 ))
                 .await;
-                for id in ids {
-                    if let Some(r) = model.rows.get_mut(&id) {
-                        r.live = false;
-                    }
-                }
             }
         }
     }
@@ -356,14 +318,13 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
     for (c, rows) in held.iter_mut().enumerate() {
         // In held order, which is each claim's id order. A row whose claim ran out is given
         // back unsent (G4), and so are the rows behind it in its claim's run.
-        let mut broken: Vec<(Arc<str>, &'static str)> = Vec::new();
+        let mut broken: Vec<(Arc<str>, String)> = Vec::new();
         for (id, token) in rows.drain(..) {
-            let key = model.rows.get(&id).and_then(|r| r.key);
-            let expired = model
-                .rows
-                .get(&id)
-                .is_none_or(|r| !r.live || r.claim.as_ref() != Some(&token));
-            let behind = key.is_some_and(|k| broken.contains(&(token.clone(), k)));
+            let key = model.key(id).map(str::to_string);
+            let expired = !model.live(id, &token);
+            let behind = key
+                .as_ref()
+                .is_some_and(|k| broken.contains(&(token.clone(), k.clone())));
             let how = if expired || behind {
                 if let Some(k) = key {
                     broken.push((token.clone(), k));
@@ -386,15 +347,11 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
         }
     }
     let until = Instant::now() + Duration::from_secs(7);
-    while model.rows.values().any(|r| !r.finished) {
+    while !model.unfinished().is_empty() {
         prop_assert!(
             Instant::now() < until,
             "rows never claimed again: {:?}",
-            model
-                .rows
-                .iter()
-                .filter(|(_, r)| !r.finished)
-                .collect::<Vec<_>>()
+            model.unfinished()
         );
         let mut any = false;
         for s in &stores {

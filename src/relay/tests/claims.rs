@@ -1,5 +1,6 @@
 //! How the loop claims: only into free slots, a claim worth its statement, the newest rows
-//! after an arrival under a backlog, and result writes that wait briefly for company.
+//! after an arrival under a backlog, and result writes that wait briefly for company; and
+//! how it sends a key's run.
 
 use super::*;
 
@@ -16,7 +17,7 @@ async fn claims_only_into_free_slots_and_delivers_everything() {
     );
     let q = queue.clone();
     let t0 = Instant::now();
-    run_until(relay, stop, move || q.count("SUCCESS") == 100).await;
+    run_until(relay, stop, move || q.count(State::Success) == 100).await;
     let claims = queue.claims();
     for c in &claims {
         assert!(
@@ -50,7 +51,7 @@ async fn never_more_rows_claimed_than_relay_slots_whatever_the_sinks_allow() {
         None,
     );
     let q = queue.clone();
-    run_until(relay, stop, move || q.count("SUCCESS") == 40).await;
+    run_until(relay, stop, move || q.count(State::Success) == 40).await;
     let claims = queue.claims();
     assert!(
         claims.iter().all(|c| c.outstanding + c.got <= 8),
@@ -66,7 +67,7 @@ async fn a_claim_worth_its_statement_waits_for_half_a_batch_of_slots() {
     let a = TimedSink::new(Duration::from_millis(100));
     let (relay, stop) = relay(queue.clone(), vec![("a", a, 64)], settings(64, 64), None);
     let q = queue.clone();
-    run_until(relay, stop, move || q.count("SUCCESS") == 200).await;
+    run_until(relay, stop, move || q.count(State::Success) == 200).await;
     let claims = queue.claims();
     // 200 rows in a handful of claims, not one statement per finished send: a claim for less
     // than half a batch while sends run is made only after waiting GATHER_SLOTS for more.
@@ -185,4 +186,64 @@ async fn a_lone_result_waits_briefly_for_company_and_a_keyed_one_less() {
     handle.record(done(4), true, None);
     assert_eq!(written_after(start, 4).await, Duration::from_millis(2));
     recorder.close(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keys_run_is_sent_one_row_after_another_and_given_back_behind_a_failure() {
+    let queue = MemQueue::with_rows(&[]);
+    let t0 = Instant::now();
+    for id in 1..=4 {
+        queue.put_keyed(id, Some("k1"), State::Pending, t0);
+    }
+    for id in 5..=6 {
+        queue.put_keyed(id, Some("k2"), State::Pending, t0);
+    }
+    for id in 7..=8 {
+        queue.put(id, State::Pending, t0);
+    }
+    let a = TimedSink::new(Duration::from_millis(100));
+    a.refuse_once.lock().expect("refuse").push(2);
+    let (relay, stop) = relay(
+        queue.clone(),
+        vec![("a", a.clone(), 8)],
+        settings(64, 32),
+        None,
+    );
+    let q = queue.clone();
+    run_until(relay, stop, move || q.count(State::Success) == 8).await;
+    let sent = a.sent();
+    let of = |ids: &[i64]| -> Vec<(i64, Duration)> {
+        (sent.iter())
+            .filter(|(id, _)| ids.contains(id))
+            .map(|(id, at)| (*id, *at - t0))
+            .collect()
+    };
+    let ms = Duration::from_millis;
+    // One claim took every row; the keys' heads and the unkeyed rows went out at once.
+    for id in [1, 5, 7, 8] {
+        assert!(
+            of(&[id])[0].1 < ms(10),
+            "row {id} not sent at once: {sent:?}"
+        );
+    }
+    // k2: the second row only after the first was delivered.
+    assert_eq!(of(&[5, 6]).iter().map(|x| x.0).collect::<Vec<_>>(), [5, 6]);
+    assert!(of(&[6])[0].1 >= ms(100), "{sent:?}");
+    // k1: row 2 refused, so rows 3 and 4 were given back unsent, and the key went on in
+    // order only once row 2's retry (1 s later) was delivered.
+    let k1 = of(&[1, 2, 3, 4]);
+    assert_eq!(
+        k1.iter().map(|x| x.0).collect::<Vec<_>>(),
+        [1, 2, 2, 3, 4],
+        "{sent:?}"
+    );
+    assert!(
+        k1[2].1 >= ms(1200),
+        "row 2 again only after its retry delay: {k1:?}"
+    );
+    let results = queue.results();
+    let released = results.iter().filter(|(_, c)| {
+        matches!(c.resolution, Resolution::Release { .. }) && [3, 4].contains(&c.id)
+    });
+    assert_eq!(released.count(), 2, "rows 3 and 4 given back: {results:?}");
 }

@@ -17,7 +17,7 @@ async fn a_database_outage_pauses_claims_and_never_loses_rows() {
     let health = relay.health.clone();
     let q = queue.clone();
     let t0 = Instant::now();
-    run_until(relay, stop, move || q.count("SUCCESS") == 10).await;
+    run_until(relay, stop, move || q.count(State::Success) == 10).await;
     assert!(
         health.database_ok(),
         "readiness recovered with the database"
@@ -56,16 +56,16 @@ async fn leader_mode_claims_only_under_a_live_confirmed_lease() {
         deadline,
         confirmed: true,
     });
-    while queue.count("SUCCESS") < 6 {
+    while queue.count(State::Success) < 6 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(queue.claims().iter().all(|c| c.epoch == Some(7)));
     // The deadline passes without a renewal: claims stop by themselves, even though the
     // keeper published nothing.
-    queue.put(100, "PENDING", deadline + Duration::from_secs(1));
+    queue.put(100, State::Pending, deadline + Duration::from_secs(1));
     tokio::time::sleep_until(deadline + Duration::from_secs(5)).await;
     assert_eq!(
-        queue.count("PENDING"),
+        queue.count(State::Pending),
         1,
         "claimed after the lease deadline"
     );
@@ -107,8 +107,9 @@ async fn rows_claimed_as_the_lease_is_lost_are_given_back_unsent() {
     );
     let rows = queue.rows.lock().expect("rows");
     assert!(
-        rows.values()
-            .all(|r| r.token.is_none() && r.status == "PENDING" && r.attempts == 0),
+        rows.rows
+            .values()
+            .all(|r| !r.live && r.state == State::Pending && r.attempts == 0),
         "a given-back row is still claimed or counted an attempt"
     );
 }
@@ -136,7 +137,7 @@ async fn shutdown_lets_sends_in_flight_finish_and_records_them_and_claims_nothin
         took >= Duration::from_secs(2) && took < Duration::from_millis(2100),
         "{took:?}"
     );
-    assert_eq!(queue.count("SUCCESS"), 4);
+    assert_eq!(queue.count(State::Success), 4);
     assert_eq!(queue.claims().len(), claims_before);
     assert_eq!(a.sent().len(), 4);
     assert!(queue.results().iter().all(|(at, _)| *at <= Instant::now()));
@@ -156,5 +157,5 @@ async fn shutdown_gives_up_on_sends_that_outlast_its_budget() {
     task.await.expect("relay task");
     // Sends get 75% of shutdown_timeout and results 10%: run() is back within 85% of it.
     assert!(stopped_at.elapsed() <= Duration::from_millis(6800));
-    assert_eq!(queue.count("SUCCESS"), 0);
+    assert_eq!(queue.count(State::Success), 0);
 }

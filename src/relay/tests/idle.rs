@@ -32,7 +32,7 @@ async fn an_idle_relay_reads_on_its_poll_not_on_each_lease_renewal() {
     // Lost and taken again at another epoch (as after a hand-off): the loop looks at once.
     tx.send_replace(LeaseState::Standby);
     tokio::time::sleep(Duration::from_millis(10)).await;
-    queue.put(1, "PENDING", Instant::now());
+    queue.put(1, State::Pending, Instant::now());
     tx.send_replace(held(4));
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.cancel();
@@ -75,7 +75,7 @@ async fn an_idle_poll_reads_first_and_a_wake_up_claims_at_once() {
     let task = tokio::spawn(relay.run());
     // Claims at 0, 500, 1000 and 1500 ms find nothing; only the poll timer woke the loop.
     tokio::time::sleep(Duration::from_millis(1_700)).await;
-    queue.put(1, "PENDING", Instant::now());
+    queue.put(1, State::Pending, Instant::now());
     // A wake-up (NOTIFY, the newest-id check) means rows arrived: claimed without a probe.
     wake.notify_one();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -117,7 +117,7 @@ async fn a_wake_up_that_is_not_an_arrival_waits_as_long_as_the_short_claim_took(
         // The first claim ends at 10 ms with 8 rows, fewer than asked; they are sent until 50.
         tokio::time::sleep(Duration::from_millis(12)).await;
         for id in 9..=12 {
-            queue.put(id, "PENDING", Instant::now());
+            queue.put(id, State::Pending, Instant::now());
         }
         match arrival {
             true => arrivals.signal(),
@@ -154,9 +154,13 @@ async fn an_announced_idle_relay_reads_when_a_retry_comes_due_and_seldom_otherwi
         // Idle for 2.1 s; then a row retrying 2.1 s from now (at 4.2 s) is written without a
         // signal (another instance's result), and at 6.05 s one is inserted and announced.
         tokio::time::sleep(Duration::from_millis(2_100)).await;
-        queue.put(1, "RETRY", Instant::now() + Duration::from_millis(2_100));
+        queue.put(
+            1,
+            State::Retry,
+            Instant::now() + Duration::from_millis(2_100),
+        );
         tokio::time::sleep(Duration::from_millis(3_950)).await;
-        queue.put(2, "PENDING", Instant::now());
+        queue.put(2, State::Pending, Instant::now());
         arrivals.signal();
         tokio::time::sleep(Duration::from_millis(100)).await;
         stop.cancel();

@@ -2,7 +2,6 @@
 //! the loop promises (docs/design.md, "Claims", "Sending", "Shutdown") without a database or
 //! a process. Time only moves when every task waits, so each figure below is exact.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,26 +15,15 @@ use crate::BoxFuture;
 use crate::config::{Mode, RelaySettings, RetrySettings};
 use crate::lease::LeaseState;
 use crate::sink::{Delivery, Outcome, Sink, SinkHandle, SinkRegistry};
+use crate::store::rule::{RuleTable, Shares};
 use crate::store::{
-    Arrivals, ClaimRequest, ClaimedRow, Completion, Probe, Queue, Resolution, WriteError,
+    Arrivals, ClaimRequest, ClaimedRow, Completion, Probe, Queue, Resolution, State, WriteError,
 };
 use crate::telemetry::Health;
 
 mod claims;
 mod faults;
 mod idle;
-
-/// A row of the in-memory table.
-struct MemRow {
-    channel: String,
-    /// PENDING, RETRY, SUCCESS or FAILED.
-    status: &'static str,
-    attempts: u32,
-    /// Not claimable before this.
-    due: Instant,
-    /// The live claim's token.
-    token: Option<Arc<str>>,
-}
 
 /// One claim as the queue saw it.
 #[derive(Debug, Clone)]
@@ -53,11 +41,11 @@ struct ClaimLog {
     alone: bool,
 }
 
-/// The outbox as a map, with the claim and result semantics of the SQL store (due rows in id
-/// order, budgets per channel, results only under the live claim's token).
+/// The outbox as the shared model of the claim rule ([`RuleTable`]): due rows in id order,
+/// budgets per channel, ordering keys, results only under the claim's token.
 #[derive(Default)]
 struct MemQueue {
-    rows: Mutex<BTreeMap<i64, MemRow>>,
+    rows: Mutex<RuleTable<Instant>>,
     claims: Mutex<Vec<ClaimLog>>,
     /// When each idle poll's read came, and what it found.
     probes: Mutex<Vec<(Instant, Probe)>>,
@@ -76,38 +64,26 @@ impl MemQueue {
             let now = Instant::now();
             for (channel, n) in channels {
                 for _ in 0..*n {
-                    let id = rows.len() as i64 + 1;
-                    rows.insert(
-                        id,
-                        MemRow {
-                            channel: channel.to_string(),
-                            status: "PENDING",
-                            attempts: 0,
-                            due: now,
-                            token: None,
-                        },
-                    );
+                    let id = rows.rows.len() as i64 + 1;
+                    rows.insert(id, channel, None, State::Pending, now);
                 }
             }
         }
         Arc::new(q)
     }
 
-    /// Adds row `id` of channel `a` in `status` (attempted once if RETRY), due at `due`.
-    fn put(&self, id: i64, status: &'static str, due: Instant) {
-        let row = MemRow {
-            channel: "a".into(),
-            status,
-            attempts: u32::from(status == "RETRY"),
-            due,
-            token: None,
-        };
-        self.rows.lock().expect("rows").insert(id, row);
+    /// Adds row `id` of channel `a` in `state` (attempted once if RETRY), due at `due`.
+    fn put(&self, id: i64, state: State, due: Instant) {
+        self.put_keyed(id, None, state, due);
     }
 
-    fn count(&self, status: &str) -> usize {
-        let rows = self.rows.lock().expect("rows");
-        rows.values().filter(|r| r.status == status).count()
+    /// Adds row `id` of channel `a` with ordering key `key`.
+    fn put_keyed(&self, id: i64, key: Option<&str>, state: State, due: Instant) {
+        (self.rows.lock().expect("rows")).insert(id, "a", key, state, due);
+    }
+
+    fn count(&self, state: State) -> usize {
+        self.rows.lock().expect("rows").count(state)
     }
 
     fn claims(&self) -> Vec<ClaimLog> {
@@ -140,52 +116,25 @@ impl Queue for MemQueue {
             tokio::time::sleep(delay).await;
             let now = Instant::now();
             let mut rows = self.rows.lock().expect("rows");
-            let outstanding = rows.values().filter(|r| r.token.is_some()).count();
-            let mut left: BTreeMap<Option<&str>, u32> = match &req.budgets {
-                Some(b) => b
-                    .channels
-                    .iter()
-                    .map(|(c, n)| (Some(c.as_str()), *n))
-                    .chain(b.others.iter().map(|(_, n)| (None, *n)))
-                    .collect(),
-                None => BTreeMap::from([(None, req.limit)]),
-            };
-            let known: Vec<&str> = req
-                .budgets
-                .as_ref()
-                .map(|b| b.channels.iter().map(|(c, _)| c.as_str()).collect())
-                .unwrap_or_default();
-            let mut claimed = Vec::new();
-            for (id, row) in rows.iter_mut() {
-                let claimable = matches!(row.status, "PENDING" | "RETRY")
-                    && row.due <= now
-                    && row.token.is_none();
-                if !claimable {
-                    continue;
-                }
-                let pick = if known.contains(&row.channel.as_str()) {
-                    Some(row.channel.as_str())
-                } else {
-                    None
-                };
-                let Some(n) = left.get_mut(&pick).filter(|n| **n > 0) else {
-                    continue;
-                };
-                *n -= 1;
-                row.token = Some(req.token.clone());
-                claimed.push(ClaimedRow {
+            let outstanding = rows.rows.values().filter(|r| r.live).count();
+            let shares = Shares::of(req.budgets.as_ref(), req.limit);
+            let taken = rows.claim(&req.token, now, shares);
+            let claimed: Vec<ClaimedRow> = taken
+                .iter()
+                .filter_map(|id| Some((*id, rows.rows.get(id)?)))
+                .map(|(id, row)| ClaimedRow {
                     delivery: Delivery {
-                        id: *id,
+                        id,
                         channel: row.channel.clone(),
                         recipient: None,
                         payload: "{}".into(),
                         attempts: row.attempts,
                     },
-                    ordering_key: None,
+                    ordering_key: row.key.clone(),
                     age_at_claim: Duration::ZERO,
                     undeliverable: None,
-                });
-            }
+                })
+                .collect();
             self.claims.lock().expect("claims").push(ClaimLog {
                 at: now,
                 outstanding,
@@ -205,32 +154,7 @@ impl Queue for MemQueue {
             let mut changed = 0;
             for c in done {
                 self.results.lock().expect("results").push((now, c.clone()));
-                let Some(row) = rows.get_mut(&c.id) else {
-                    continue;
-                };
-                if row.token.as_deref() != Some(&*c.token) {
-                    continue;
-                }
-                row.token = None;
-                changed += 1;
-                match &c.resolution {
-                    Resolution::Delivered => {
-                        row.status = "SUCCESS";
-                        row.attempts += 1;
-                    }
-                    Resolution::Retry { delay, .. } => {
-                        row.status = "RETRY";
-                        row.attempts += 1;
-                        row.due = now + *delay;
-                    }
-                    Resolution::Failed { .. } => {
-                        row.status = "FAILED";
-                        row.attempts += 1;
-                    }
-                    Resolution::Release { delay, .. } => row.due = now + *delay,
-                    // Stays claimed for good, as the store parks it.
-                    Resolution::Park => row.due = now + Duration::from_secs(365 * 86_400),
-                }
+                changed += u64::from(rows.complete(c.id, &c.token, &c.resolution, now));
             }
             Ok(changed)
         })
@@ -240,40 +164,30 @@ impl Queue for MemQueue {
         Box::pin(async move {
             let now = Instant::now();
             let rows = self.rows.lock().expect("rows");
-            let asked = |channel: &str| match &req.budgets {
-                Some(b) => {
-                    let known = b.channels.iter().any(|(c, n)| c == channel && *n > 0);
-                    let other = b
-                        .others
-                        .as_ref()
-                        .is_some_and(|(k, n)| *n > 0 && !k.iter().any(|c| c == channel));
-                    known || other
-                }
-                None => req.limit > 0,
-            };
-            let open = || {
-                rows.values()
-                    .filter(|r| matches!(r.status, "PENDING" | "RETRY"))
-            };
-            let probe = if open().any(|r| r.due <= now && r.token.is_none() && asked(&r.channel)) {
-                Probe::Claimable
-            } else {
-                Probe::Nothing {
-                    quiet_for: open()
-                        .map(|r| r.due.saturating_duration_since(now))
-                        .min()
-                        .unwrap_or(Duration::MAX),
-                }
-            };
+            let shares = Shares::of(req.budgets.as_ref(), req.limit);
+            let open = || rows.rows.iter().filter(|(_, r)| r.open() && !r.parked);
+            let probe =
+                if open().any(|(id, r)| rows.claimable(*id, &[], now) && shares.asks(&r.channel)) {
+                    Probe::Claimable
+                } else {
+                    Probe::Nothing {
+                        quiet_for: open()
+                            .map(|(_, r)| r.due.saturating_duration_since(now))
+                            .min()
+                            .unwrap_or(Duration::MAX),
+                    }
+                };
             self.probes.lock().expect("probes").push((now, probe));
             Ok(probe)
         })
     }
 }
 
-/// A sink whose every send takes `delay` and succeeds; it counts what it saw.
+/// A sink whose every send takes `delay` and succeeds, but the first send of each row in
+/// `refuse_once` (a 503); it counts what it saw.
 struct TimedSink {
     delay: Duration,
+    refuse_once: Mutex<Vec<i64>>,
     sent: Mutex<Vec<(i64, Instant)>>,
     running: AtomicUsize,
     most_running: AtomicUsize,
@@ -283,6 +197,7 @@ impl TimedSink {
     fn new(delay: Duration) -> Arc<TimedSink> {
         Arc::new(TimedSink {
             delay,
+            refuse_once: Mutex::new(Vec::new()),
             sent: Mutex::new(Vec::new()),
             running: AtomicUsize::new(0),
             most_running: AtomicUsize::new(0),
@@ -302,7 +217,17 @@ impl Sink for TimedSink {
             self.most_running.fetch_max(now, Ordering::SeqCst);
             tokio::time::sleep(self.delay).await;
             self.running.fetch_sub(1, Ordering::SeqCst);
-            Outcome::Delivered
+            let mut refuse = self.refuse_once.lock().expect("refuse");
+            match refuse.iter().position(|id| *id == d.id) {
+                Some(i) => {
+                    refuse.remove(i);
+                    Outcome::Retry {
+                        after: Some(Duration::from_secs(1)),
+                        reason: "HTTP 503".into(),
+                    }
+                }
+                None => Outcome::Delivered,
+            }
         })
     }
 }

@@ -24,6 +24,7 @@ pub mod cursor;
 pub mod plan;
 pub mod read;
 pub mod returned;
+pub mod rule;
 
 use std::collections::HashSet;
 use std::time::Duration;
