@@ -34,7 +34,7 @@ use sqlx::any::AnyRow;
 
 use self::choose::{Candidate, Choice, choose};
 use self::cursor::Cursors;
-use self::plan::{KeyRef, Part, budgets};
+use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
 use self::returned::to_claimed;
 use crate::BoxFuture;
@@ -61,21 +61,17 @@ pub const NOTHING: Probe = Probe::Nothing {
     quiet_for: Duration::ZERO,
 };
 
+/// The claimed rows' select list, as [`ClaimSql::claim_ids`] returns them.
+pub type Rows<'a> = BoxFuture<'a, anyhow::Result<Vec<AnyRow>>>;
+
 /// How claims are written on one database (one per store: it may keep state of its own).
 pub trait ClaimSql: Send + Sync {
-    /// The `FROM ... LIMIT` that reads up to `rows` unfinished rows `o` of `channel` in id
-    /// order above `from` (or its newest `rows`, newest first), through the index of
-    /// unfinished rows by channel. It may return rows of another channel after the
-    /// channel's own (they are left out). By default a plain equality on the channel.
-    fn channel_rows(
-        &self,
-        db: &Db,
-        channel: &str,
-        from: Option<i64>,
-        rows: u32,
-        newest: bool,
-    ) -> Sql {
-        plain_channel_rows(db, channel, from, rows, newest)
+    /// The `FROM ... LIMIT` that reads up to `w.rows` unfinished rows `o` of `w.channel` in id
+    /// order above `w.from` (or its newest, newest first), through the index of unfinished
+    /// rows by channel. It may return rows of another channel after the channel's own (they
+    /// are left out). By default a plain equality on the channel.
+    fn channel_rows(&self, db: &Db, w: &ChannelRead) -> Sql {
+        plain_channel_rows(db, w)
     }
 
     /// The `FROM ... LIMIT` that reads the first `rows` unfinished rows `o` of `key`'s
@@ -94,27 +90,23 @@ pub trait ClaimSql: Send + Sync {
         q
     }
 
-    /// The `FROM ... LIMIT` that reads up to `rows` rows `o` that meet `claimable`, of every
-    /// channel strictly between `above` and `below` (unbounded where `None`), oldest first
-    /// within a channel.
-    fn unserved_rows(
-        &self,
-        db: &Db,
-        above: Option<&str>,
-        below: Option<&str>,
-        rows: u32,
-        claimable: &str,
-    ) -> Sql {
+    /// The `FROM ... LIMIT` that reads up to `gap.rows` rows `o` that meet `claimable`, of
+    /// every channel strictly between `gap.above` and `gap.below` (unbounded where `None`),
+    /// oldest first within a channel.
+    fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
         let c = db.cols();
         let channel = c.channel("o.");
         let mut q = Sql::new(&format!(" FROM {} o WHERE {claimable}", db.table()));
-        if let Some(above) = above {
+        if let Some(above) = gap.above {
             q.push(&format!(" AND {channel} > ")).text(above);
         }
-        if let Some(below) = below {
+        if let Some(below) = gap.below {
             q.push(&format!(" AND {channel} < ")).text(below);
         }
-        q.push(&format!(" ORDER BY {channel}, o.{} LIMIT {rows}", c.id));
+        q.push(&format!(
+            " ORDER BY {channel}, o.{} LIMIT {}",
+            c.id, gap.rows
+        ));
         q
     }
 
@@ -147,12 +139,7 @@ pub trait ClaimSql: Send + Sync {
     /// Claims those of `ids` that are still claimable for `req` ([`claimable_among`]; with a
     /// fence, only while it holds), returning the claimed rows' select list
     /// ([`returned::select_list`]), in no order.
-    fn claim_ids<'a>(
-        &'a self,
-        db: &'a Db,
-        req: &'a ClaimRequest,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>>;
+    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a>;
 
     /// Whether any unfinished row may be due at all, asked before an idle read: an
     /// index-only check where reading the windows would read every waiting row. "No" must
@@ -170,25 +157,19 @@ pub trait ClaimSql: Send + Sync {
 }
 
 /// [`ClaimSql::channel_rows`] by a plain equality on the channel.
-pub fn plain_channel_rows(
-    db: &Db,
-    channel: &str,
-    from: Option<i64>,
-    rows: u32,
-    newest: bool,
-) -> Sql {
+pub fn plain_channel_rows(db: &Db, w: &ChannelRead) -> Sql {
     let c = db.cols();
     let mut q = Sql::new(&format!(
         " FROM {} o WHERE {} = ",
         db.table(),
         c.channel("o.")
     ));
-    q.text(channel).push(&format!(" AND {}", c.open("o.")));
-    if let Some(from) = from {
+    q.text(w.channel).push(&format!(" AND {}", c.open("o.")));
+    if let Some(from) = w.from {
         q.push(&format!(" AND o.{} > ", c.id)).int(from);
     }
-    let desc = if newest { " DESC" } else { "" };
-    q.push(&format!(" ORDER BY o.{}{desc} LIMIT {rows}", c.id));
+    let desc = if w.newest { " DESC" } else { "" };
+    q.push(&format!(" ORDER BY o.{}{desc} LIMIT {}", c.id, w.rows));
     q
 }
 

@@ -40,6 +40,21 @@ pub struct KeyRef {
     pub row: i64,
 }
 
+/// What [`Part::Window`] asks a database to read (see `ClaimSql::channel_rows`).
+pub struct ChannelRead<'a> {
+    pub channel: &'a str,
+    pub from: Option<i64>,
+    pub rows: u32,
+    pub newest: bool,
+}
+
+/// What [`Part::Others`] asks a database to read (see `ClaimSql::unserved_rows`).
+pub struct GapRead<'a> {
+    pub above: Option<&'a str>,
+    pub below: Option<&'a str>,
+    pub rows: u32,
+}
+
 /// One part of a claim's read.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Part {

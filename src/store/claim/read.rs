@@ -10,7 +10,7 @@ use sqlx::any::AnyRow;
 
 use super::ClaimSql;
 use super::choose::Candidate;
-use super::plan::Part;
+use super::plan::{ChannelRead, GapRead, Part};
 use crate::store::db::Db;
 use crate::store::sql::Sql;
 
@@ -63,20 +63,29 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
             rows,
             newest,
             ..
-        } => sql.channel_rows(db, channel, *from, *rows, *newest),
+        } => {
+            let (from, rows, newest) = (*from, *rows, *newest);
+            sql.channel_rows(
+                db,
+                &ChannelRead {
+                    channel,
+                    from,
+                    rows,
+                    newest,
+                },
+            )
+        }
         Part::Key { key, rows } => sql.key_rows(db, key, *rows),
         Part::Others {
             above,
             below,
             rows,
             nulls: false,
-        } => sql.unserved_rows(
-            db,
-            above.as_deref(),
-            below.as_deref(),
-            *rows,
-            &claimable(db, sql),
-        ),
+        } => {
+            let (above, below, rows) = (above.as_deref(), below.as_deref(), *rows);
+            let gap = GapRead { above, below, rows };
+            sql.unserved_rows(db, &gap, &claimable(db, sql))
+        }
         Part::Others {
             rows, nulls: true, ..
         } => sql.null_channel_rows(db, *rows, &claimable(db, sql)),

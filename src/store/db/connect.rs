@@ -31,24 +31,24 @@ pub const STATEMENT_TIME: Duration = Duration::from_secs(300);
 /// and a spare for health and metrics. See [`open_side_by_side`].
 pub const WARM_CONNECTIONS: u32 = 4;
 
+/// The URL as the driver takes it, and the pool's options (see [`Connect::options`]).
+pub type Options = anyhow::Result<(String, AnyPoolOptions)>;
+
+/// The dialect as the server refines it (see [`Connect::opened`]).
+pub type Refined<'a> = BoxFuture<'a, anyhow::Result<Dialect>>;
+
 /// What a database does when its connections open. Each database's folder implements it.
 pub trait Connect: Send + Sync {
     /// The URL as the driver takes it (a parameter of the relay's own removed), and `options`
     /// with the database's session settings (run on every new connection).
-    fn options(
-        &self,
-        url: &str,
-        options: AnyPoolOptions,
-    ) -> anyhow::Result<(String, AnyPoolOptions)>;
+    fn options(&self, url: &str, options: AnyPoolOptions) -> Options;
 
     /// Once connections to `url` are open: the dialect refined from the server (MySQL or
-    /// MariaDB, and what it supports), after any one-time setting the database needs.
-    fn opened<'a>(
-        &'a self,
-        pool: &'a AnyPool,
-        url: &'a str,
-        dialect: Dialect,
-    ) -> BoxFuture<'a, anyhow::Result<Dialect>>;
+    /// MariaDB, and what it supports), after any one-time setting the database needs. By
+    /// default `dialect` as it is.
+    fn opened<'a>(&'a self, _pool: &'a AnyPool, _url: &'a str, dialect: Dialect) -> Refined<'a> {
+        Box::pin(async move { Ok(dialect) })
+    }
 
     /// Whether the whole database lives in one connection (an in-memory SQLite database).
     fn one_connection(&self, _url: &str) -> bool {

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sqlx::AnyPool;
 
 pub use connect::{
-    Connect, LOCK_WAIT, Opening, STATEMENT_TIME, WARM_CONNECTIONS, open_side_by_side,
+    Connect, LOCK_WAIT, Opening, Options, Refined, STATEMENT_TIME, WARM_CONNECTIONS,
+    open_side_by_side,
 };
 
 use crate::store::sql::ident::derived;

@@ -49,16 +49,14 @@ pub trait LeaseTable: Send + Sync {
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
 }
 
+/// The lease's new epoch, if the statement changed its row.
+pub type Epoch<'a> = BoxFuture<'a, anyhow::Result<Option<i64>>>;
+
 /// What the lock tables' statements are on one database.
 pub trait LockSql: Send + Sync {
     /// `UPDATE outbox_relay_lease SET {set}, epoch = epoch + 1 WHERE {filter}` and the new
     /// epoch, in one statement (see `lease_table.rs`). By default with `RETURNING`.
-    fn bump_epoch<'a>(
-        &'a self,
-        db: &'a Db,
-        set: Sql,
-        filter: Sql,
-    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>> {
+    fn bump_epoch<'a>(&'a self, db: &'a Db, set: Sql, filter: Sql) -> Epoch<'a> {
         Box::pin(lease_table::bump_epoch_returning(db, set, filter))
     }
 

@@ -9,7 +9,7 @@ use super::open_index;
 use crate::BoxFuture;
 use crate::store::admin::AdminSql;
 use crate::store::db::Db;
-use crate::store::locks::LockSql;
+use crate::store::locks::{Epoch, LockSql};
 use crate::store::sql::Sql;
 
 impl AdminSql for MySql {
@@ -56,12 +56,7 @@ impl LockSql for MySql {
     /// `UPDATE outbox_relay_lease SET {set}, epoch = LAST_INSERT_ID(epoch + 1) WHERE
     /// {filter}`: the new epoch comes back as the statement's `LAST_INSERT_ID`, so no second
     /// statement (and no transaction holding the lease row) is needed.
-    fn bump_epoch<'a>(
-        &'a self,
-        db: &'a Db,
-        set: Sql,
-        filter: Sql,
-    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>> {
+    fn bump_epoch<'a>(&'a self, db: &'a Db, set: Sql, filter: Sql) -> Epoch<'a> {
         Box::pin(async move {
             let mut q = Sql::new("UPDATE outbox_relay_lease SET ");
             q.append(set)

@@ -19,9 +19,9 @@ use sqlx::any::AnyRow;
 use super::MySql;
 use super::open_index::{self, OPEN_CHANNEL, OPEN_KEY, index};
 use crate::BoxFuture;
-use crate::store::claim::plan::KeyRef;
+use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::{has_ordering_key, select_list};
-use crate::store::claim::{ClaimSql, claimable_among, ids_of};
+use crate::store::claim::{ClaimSql, Rows, claimable_among, ids_of};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
@@ -31,25 +31,18 @@ use crate::store::sql::Sql;
 type Tx<'t> = sqlx::Transaction<'t, sqlx::Any>;
 
 impl ClaimSql for MySql {
-    fn channel_rows(
-        &self,
-        db: &Db,
-        channel: &str,
-        from: Option<i64>,
-        rows: u32,
-        newest: bool,
-    ) -> Sql {
+    fn channel_rows(&self, db: &Db, w: &ChannelRead) -> Sql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
             " FROM {t} o FORCE INDEX ({}) WHERE o.{OPEN_CHANNEL} = ",
             index(db, "open_idx")
         ));
-        q.text(channel);
-        if let Some(from) = from {
+        q.text(w.channel);
+        if let Some(from) = w.from {
             q.push(&format!(" AND o.{id} > ")).int(from);
         }
-        let desc = if newest { " DESC" } else { "" };
-        q.push(&format!(" ORDER BY o.{id}{desc} LIMIT {rows}"));
+        let desc = if w.newest { " DESC" } else { "" };
+        q.push(&format!(" ORDER BY o.{id}{desc} LIMIT {}", w.rows));
         q
     }
 
@@ -66,26 +59,22 @@ impl ClaimSql for MySql {
         q
     }
 
-    fn unserved_rows(
-        &self,
-        db: &Db,
-        above: Option<&str>,
-        below: Option<&str>,
-        rows: u32,
-        claimable: &str,
-    ) -> Sql {
+    fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
             " FROM {t} o FORCE INDEX ({}) WHERE {claimable} AND o.{OPEN_CHANNEL} IS NOT NULL",
             index(db, "open_idx")
         ));
-        if let Some(above) = above {
+        if let Some(above) = gap.above {
             q.push(&format!(" AND o.{OPEN_CHANNEL} > ")).text(above);
         }
-        if let Some(below) = below {
+        if let Some(below) = gap.below {
             q.push(&format!(" AND o.{OPEN_CHANNEL} < ")).text(below);
         }
-        q.push(&format!(" ORDER BY o.{OPEN_CHANNEL}, o.{id} LIMIT {rows}"));
+        q.push(&format!(
+            " ORDER BY o.{OPEN_CHANNEL}, o.{id} LIMIT {}",
+            gap.rows
+        ));
         q
     }
 
@@ -105,12 +94,7 @@ impl ClaimSql for MySql {
         )
     }
 
-    fn claim_ids<'a>(
-        &'a self,
-        db: &'a Db,
-        req: &'a ClaimRequest,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>> {
+    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
         Box::pin(claim(db, self, req, ids))
     }
 

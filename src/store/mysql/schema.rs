@@ -11,16 +11,9 @@ use super::MySql;
 use super::open_index::{MAX_KEY_CHARS, OPEN_CHANNEL, OPEN_KEY, open_columns_ddl, open_indexes};
 use crate::BoxFuture;
 use crate::store::db::Db;
-use crate::store::schema::{ClaimSupport, ColumnTypes, Conn, SchemaSql};
+use crate::store::schema;
+use crate::store::schema::{ClaimSupport, ColumnTypes, Conn, Done, SchemaSql};
 use crate::store::sql::Sql;
-
-/// The lease table (`outbox_relay_lease`).
-const LEASE_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
-            name VARCHAR(191) NOT NULL PRIMARY KEY,
-            holder VARCHAR(255) NULL,
-            lease_until TIMESTAMP(6) NULL DEFAULT NULL,
-            epoch BIGINT NOT NULL DEFAULT 0
-        ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4";
 
 /// The named lock migrations take, and how long an instance waits for it.
 const MIGRATE_LOCK: &str = "SELECT GET_LOCK('outbox_relay_migrate', 60)";
@@ -56,12 +49,7 @@ impl SchemaSql for MySql {
         }
     }
 
-    fn code_step<'a>(
-        &'a self,
-        conn: &'a mut Conn,
-        table: &'a str,
-        version: i64,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
+    fn code_step<'a>(&'a self, conn: &'a mut Conn, table: &'a str, version: i64) -> Done<'a> {
         Box::pin(async move {
             match version {
                 2 => add_index(conn, table, "channel_idx", "channel, id").await,
@@ -74,8 +62,13 @@ impl SchemaSql for MySql {
         })
     }
 
-    fn lease_table(&self) -> &'static str {
-        LEASE_TABLE
+    fn lease_table(&self) -> String {
+        schema::lease_table(
+            "VARCHAR(191) NOT NULL",
+            "VARCHAR(255)",
+            "TIMESTAMP(6)",
+            " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
+        )
     }
 
     fn table_exists(&self, table: &str) -> Sql {
@@ -203,7 +196,7 @@ fn schema_v1(t: &str) -> Vec<String> {
                 CONSTRAINT {t}_status_chk CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED'))
             ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
         ),
-        LEASE_TABLE.to_string(),
+        MySql.lease_table(),
     ]
 }
 

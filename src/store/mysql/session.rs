@@ -5,28 +5,16 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
 use super::{MySql, capabilities};
-use crate::BoxFuture;
-use crate::store::db::{Connect, LOCK_WAIT, STATEMENT_TIME};
+use crate::store::db::{Connect, LOCK_WAIT, Options, Refined, STATEMENT_TIME};
 use crate::store::sql::Dialect;
 
 impl Connect for MySql {
-    fn options(
-        &self,
-        url: &str,
-        options: AnyPoolOptions,
-    ) -> anyhow::Result<(String, AnyPoolOptions)> {
-        Ok((
-            url.to_string(),
-            options.after_connect(|conn, _| Box::pin(settings(conn))),
-        ))
+    fn options(&self, url: &str, options: AnyPoolOptions) -> Options {
+        let options = options.after_connect(|conn, _| Box::pin(settings(conn)));
+        Ok((url.to_string(), options))
     }
 
-    fn opened<'a>(
-        &'a self,
-        pool: &'a AnyPool,
-        _url: &'a str,
-        _dialect: Dialect,
-    ) -> BoxFuture<'a, anyhow::Result<Dialect>> {
+    fn opened<'a>(&'a self, pool: &'a AnyPool, _url: &'a str, _dialect: Dialect) -> Refined<'a> {
         Box::pin(async move {
             let version: String = sqlx::query_scalar("SELECT VERSION()")
                 .fetch_one(pool)

@@ -20,13 +20,10 @@
 //!   number; other results name each id once more outside the tokens' `OR`, for the primary
 //!   key (docs/design.md, "No bitmap scans").
 
-use sqlx::any::AnyRow;
-
 use super::Postgres;
-use crate::BoxFuture;
-use crate::store::claim::plan::KeyRef;
+use crate::store::claim::plan::{ChannelRead, KeyRef};
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, claimable_among, plain_channel_rows};
+use crate::store::claim::{ClaimSql, Rows, claimable_among, plain_channel_rows};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
@@ -36,35 +33,29 @@ use crate::store::sql::Sql;
 const QUIET_SCAN: u32 = 1000;
 
 impl ClaimSql for Postgres {
-    fn channel_rows(
-        &self,
-        db: &Db,
-        channel: &str,
-        from: Option<i64>,
-        rows: u32,
-        newest: bool,
-    ) -> Sql {
+    fn channel_rows(&self, db: &Db, w: &ChannelRead) -> Sql {
         let c = db.cols();
         // A mapped table: its channel may be a constant (the index of unfinished rows is by
         // id alone) or a column of another type than text (compared as text, which no index
         // of its serves); the plain equality.
         let (Some(ch), false) = (c.channel_column(), c.mapped) else {
-            return plain_channel_rows(db, channel, from, rows, newest);
+            return plain_channel_rows(db, w);
         };
         let (t, id) = (db.table(), &c.id);
         let mut q = Sql::new(&format!(" FROM {t} o WHERE (o.{ch}, o.{id}) "));
-        if newest {
-            q.push("< (").text(channel).push(", ").int(i64::MAX);
+        if w.newest {
+            q.push("< (").text(w.channel).push(", ").int(i64::MAX);
         } else {
             q.push("> (")
-                .text(channel)
+                .text(w.channel)
                 .push(", ")
-                .int(from.unwrap_or(i64::MIN));
+                .int(w.from.unwrap_or(i64::MIN));
         }
-        let desc = if newest { " DESC" } else { "" };
+        let desc = if w.newest { " DESC" } else { "" };
         q.push(&format!(
-            ") AND {} ORDER BY o.{ch}{desc}, o.{id}{desc} LIMIT {rows}",
-            c.open("o.")
+            ") AND {} ORDER BY o.{ch}{desc}, o.{id}{desc} LIMIT {}",
+            c.open("o."),
+            w.rows
         ));
         q
     }
@@ -96,12 +87,7 @@ impl ClaimSql for Postgres {
         )
     }
 
-    fn claim_ids<'a>(
-        &'a self,
-        db: &'a Db,
-        req: &'a ClaimRequest,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>> {
+    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
         Box::pin(async move {
             let (t, id) = (db.table(), &db.cols().id);
             let list: Vec<String> = ids.iter().map(i64::to_string).collect();

@@ -8,18 +8,11 @@ use super::Postgres;
 use super::notify::{notify_channel, notify_statements, notify_trigger};
 use crate::BoxFuture;
 use crate::store::db::Db;
+use crate::store::schema;
 use crate::store::schema::{
     ClaimSupport, ColumnTypes, Conn, SchemaSql, channel_due_index, failed_index, partial_indexes,
 };
 use crate::store::sql::Sql;
-
-/// The lease table (`outbox_relay_lease`).
-const LEASE_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
-            name TEXT PRIMARY KEY,
-            holder TEXT NULL,
-            lease_until TIMESTAMPTZ NULL,
-            epoch BIGINT NOT NULL DEFAULT 0
-        )";
 
 impl SchemaSql for Postgres {
     fn lock<'a>(&'a self, conn: &'a mut Conn) -> BoxFuture<'a, anyhow::Result<()>> {
@@ -65,8 +58,8 @@ impl SchemaSql for Postgres {
         }
     }
 
-    fn lease_table(&self) -> &'static str {
-        LEASE_TABLE
+    fn lease_table(&self) -> String {
+        schema::lease_table("TEXT", "TEXT", "TIMESTAMPTZ", "")
     }
 
     fn table_exists(&self, table: &str) -> Sql {
@@ -203,7 +196,7 @@ fn schema_v1(t: &str) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
              WHERE status IN ('PENDING', 'RETRY')"
         ),
-        LEASE_TABLE.to_string(),
+        Postgres.lease_table(),
     ]
     .into_iter()
     .chain(notify_trigger(t))

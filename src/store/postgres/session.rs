@@ -1,32 +1,15 @@
 //! PostgreSQL's session settings, run on every connection the pool opens.
 
+use sqlx::Executor;
 use sqlx::any::AnyPoolOptions;
-use sqlx::{AnyPool, Executor};
 
 use super::Postgres;
-use crate::BoxFuture;
-use crate::store::db::{Connect, LOCK_WAIT, STATEMENT_TIME};
-use crate::store::sql::Dialect;
+use crate::store::db::{Connect, LOCK_WAIT, Options, STATEMENT_TIME};
 
 impl Connect for Postgres {
-    fn options(
-        &self,
-        url: &str,
-        options: AnyPoolOptions,
-    ) -> anyhow::Result<(String, AnyPoolOptions)> {
-        Ok((
-            url.to_string(),
-            options.after_connect(|conn, _| Box::pin(settings(conn))),
-        ))
-    }
-
-    fn opened<'a>(
-        &'a self,
-        _pool: &'a AnyPool,
-        _url: &'a str,
-        dialect: Dialect,
-    ) -> BoxFuture<'a, anyhow::Result<Dialect>> {
-        Box::pin(async move { Ok(dialect) })
+    fn options(&self, url: &str, options: AnyPoolOptions) -> Options {
+        let options = options.after_connect(|conn, _| Box::pin(settings(conn)));
+        Ok((url.to_string(), options))
     }
 }
 

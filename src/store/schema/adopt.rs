@@ -140,7 +140,8 @@ pub async fn run(db: &Db, sql: &dyn SchemaSql, plan: &Plan) -> anyhow::Result<()
     }
     let mut conn = db.pool().acquire().await?;
     let mut tx = conn.begin().await?;
-    let statements = plan.statements().chain([sql.lease_table()]);
+    let lease_table = sql.lease_table();
+    let statements = plan.statements().chain([lease_table.as_str()]);
     for statement in statements {
         db.count_statement();
         if let Err(e) = tx.execute(sqlx::AssertSqlSafe(statement.to_string())).await {

@@ -17,7 +17,7 @@ pub const LATEST: i64 = 11;
 /// Beside a mapped table (docs/adopting-a-table.md): only the lease table. The table itself
 /// is the application's; `migrate --adopt` adds the relay's columns to it, on request.
 pub async fn lease_only(db: &Db, sql: &dyn SchemaSql) -> anyhow::Result<()> {
-    db.sql(sql.lease_table()).execute(db.pool()).await?;
+    db.sql(&sql.lease_table()).execute(db.pool()).await?;
     Ok(())
 }
 

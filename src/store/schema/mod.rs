@@ -60,6 +60,9 @@ pub struct ColumnTypes {
     pub attempts: &'static str,
 }
 
+/// A schema step run on a connection: done or failed.
+pub type Done<'a> = BoxFuture<'a, anyhow::Result<()>>;
+
 /// What the schema's statements are on one database.
 pub trait SchemaSql: Send + Sync {
     /// Takes the migration lock on `conn` (instances starting at once migrate one at a time),
@@ -75,17 +78,13 @@ pub trait SchemaSql: Send + Sync {
 
     /// What version `version` does in code, after its [`SchemaSql::steps`] (conversions that
     /// depend on what the live table has).
-    fn code_step<'a>(
-        &'a self,
-        _conn: &'a mut Conn,
-        _table: &'a str,
-        _version: i64,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
+    fn code_step<'a>(&'a self, _conn: &'a mut Conn, _table: &'a str, _version: i64) -> Done<'a> {
         Box::pin(async { Ok(()) })
     }
 
-    /// The lease table's DDL (`outbox_relay_lease`): also created beside a mapped table.
-    fn lease_table(&self) -> &'static str;
+    /// The lease table's DDL (`outbox_relay_lease`, see [`lease_table`]): also created beside
+    /// a mapped table.
+    fn lease_table(&self) -> String;
 
     /// `SELECT COUNT(*)` of tables named `table` in the connection's schema or database.
     fn table_exists(&self, table: &str) -> Sql;
@@ -171,6 +170,20 @@ pub struct ClaimSupport {
     pub columns: Vec<(String, String)>,
     /// (index name as the catalog lists it, its SQL form, the statement creating it).
     pub indexes: Vec<(String, String, String)>,
+}
+
+/// The lease table (`outbox_relay_lease`): one row per lease name, its holder, until when it
+/// is held, and the fencing epoch; with each database's types for the name, the holder and
+/// the time, and its table options.
+pub fn lease_table(name: &str, holder: &str, time: &str, options: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
+            name {name} PRIMARY KEY,
+            holder {holder} NULL,
+            lease_until {time} NULL,
+            epoch BIGINT NOT NULL DEFAULT 0
+        ){options}"
+    )
 }
 
 /// The partial indexes of unfinished rows that claims walk on a mapped table: by channel

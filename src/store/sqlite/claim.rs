@@ -6,12 +6,10 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sqlx::any::AnyRow;
-
 use super::Sqlite;
 use crate::BoxFuture;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, claimable_among};
+use crate::store::claim::{ClaimSql, Rows, claimable_among};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
@@ -31,12 +29,7 @@ impl ClaimSql for SqliteClaims {
     /// One `UPDATE ... RETURNING` of the chosen rows still claimable; in leader mode the
     /// statement checks the lease epoch itself (it runs under the database's single write
     /// lock, so the check and the claim cannot disagree).
-    fn claim_ids<'a>(
-        &'a self,
-        db: &'a Db,
-        req: &'a ClaimRequest,
-        ids: &'a [i64],
-    ) -> BoxFuture<'a, anyhow::Result<Vec<AnyRow>>> {
+    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
         Box::pin(async move {
             let (t, id) = (db.table(), &db.cols().id);
             let list = ids

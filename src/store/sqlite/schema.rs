@@ -5,18 +5,11 @@
 use super::Sqlite;
 use crate::BoxFuture;
 use crate::store::db::Db;
+use crate::store::schema;
 use crate::store::schema::{
     ClaimSupport, ColumnTypes, Conn, SchemaSql, channel_due_index, failed_index, partial_indexes,
 };
 use crate::store::sql::Sql;
-
-/// The lease table (`outbox_relay_lease`).
-const LEASE_TABLE: &str = "CREATE TABLE IF NOT EXISTS outbox_relay_lease (
-            name TEXT PRIMARY KEY,
-            holder TEXT NULL,
-            lease_until TEXT NULL,
-            epoch INTEGER NOT NULL DEFAULT 0
-        )";
 
 impl SchemaSql for Sqlite {
     fn lock<'a>(&'a self, _conn: &'a mut Conn) -> BoxFuture<'a, anyhow::Result<()>> {
@@ -46,8 +39,8 @@ impl SchemaSql for Sqlite {
         }
     }
 
-    fn lease_table(&self) -> &'static str {
-        LEASE_TABLE
+    fn lease_table(&self) -> String {
+        schema::lease_table("TEXT", "TEXT", "TEXT", "")
     }
 
     /// SQLite's names are not case-sensitive.
@@ -150,7 +143,7 @@ fn schema_v1(t: &str) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
              WHERE status IN ('PENDING', 'RETRY')"
         ),
-        LEASE_TABLE.to_string(),
+        Sqlite.lease_table(),
     ]
 }
 

@@ -6,8 +6,7 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
 use super::Sqlite;
-use crate::BoxFuture;
-use crate::store::db::Connect;
+use crate::store::db::{Connect, Options, Refined};
 use crate::store::sql::Dialect;
 
 impl Connect for Sqlite {
@@ -16,11 +15,7 @@ impl Connect for Sqlite {
     /// power loss or OS crash can roll back its last commits, which only makes rows claimable
     /// or deliverable again (a duplicate, never a loss). `?synchronous=full` in the URL waits
     /// on every commit.
-    fn options(
-        &self,
-        url: &str,
-        options: AnyPoolOptions,
-    ) -> anyhow::Result<(String, AnyPoolOptions)> {
+    fn options(&self, url: &str, options: AnyPoolOptions) -> Options {
         let (url, sync) = take_synchronous(url)?;
         let pragma = format!("PRAGMA synchronous = {sync}");
         let options = options.after_connect(move |conn, _| {
@@ -33,12 +28,7 @@ impl Connect for Sqlite {
         Ok((url, options))
     }
 
-    fn opened<'a>(
-        &'a self,
-        pool: &'a AnyPool,
-        url: &'a str,
-        dialect: Dialect,
-    ) -> BoxFuture<'a, anyhow::Result<Dialect>> {
+    fn opened<'a>(&'a self, pool: &'a AnyPool, url: &'a str, dialect: Dialect) -> Refined<'a> {
         Box::pin(async move {
             if !self.one_connection(url) {
                 pool.execute("PRAGMA journal_mode=WAL").await?;
