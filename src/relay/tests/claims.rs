@@ -10,8 +10,8 @@ async fn claims_only_into_free_slots_and_delivers_everything() {
     let a = TimedSink::new(Duration::from_millis(200));
     let b = TimedSink::new(Duration::from_millis(30));
     let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 8), ("b", b.clone(), 8)],
+        &queue,
+        vec![("a", &a, 8), ("b", &b, 8)],
         settings(16, 100),
         None,
     );
@@ -44,12 +44,7 @@ async fn claims_only_into_free_slots_and_delivers_everything() {
 async fn never_more_rows_claimed_than_relay_slots_whatever_the_sinks_allow() {
     let queue = MemQueue::with_rows(&[("a", 40)]);
     let a = TimedSink::new(Duration::from_millis(50));
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 100)],
-        settings(8, 100),
-        None,
-    );
+    let (relay, stop) = relay(&queue, vec![("a", &a, 100)], settings(8, 100), None);
     let q = queue.clone();
     run_until(relay, stop, move || q.count(State::Success) == 40).await;
     let claims = queue.claims();
@@ -65,7 +60,7 @@ async fn never_more_rows_claimed_than_relay_slots_whatever_the_sinks_allow() {
 async fn a_claim_worth_its_statement_waits_for_half_a_batch_of_slots() {
     let queue = MemQueue::with_rows(&[("a", 200)]);
     let a = TimedSink::new(Duration::from_millis(100));
-    let (relay, stop) = relay(queue.clone(), vec![("a", a, 64)], settings(64, 64), None);
+    let (relay, stop) = relay(&queue, vec![("a", &a, 64)], settings(64, 64), None);
     let q = queue.clone();
     run_until(relay, stop, move || q.count(State::Success) == 200).await;
     let claims = queue.claims();
@@ -88,12 +83,7 @@ async fn under_a_backlog_the_claim_after_an_arrival_takes_the_newest_rows() {
     let queue = MemQueue::with_rows(&[("a", 5_000)]);
     *queue.claim_delay.lock().expect("delay") = Duration::from_millis(1);
     let a = TimedSink::new(Duration::from_millis(5));
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 8)],
-        settings(64, 32),
-        None,
-    );
+    let (relay, stop) = relay(&queue, vec![("a", &a, 8)], settings(64, 32), None);
     let arrivals = relay.arrivals.clone();
     let task = tokio::spawn(relay.run());
     let start = Instant::now();
@@ -203,12 +193,7 @@ async fn a_keys_run_is_sent_one_row_after_another_and_given_back_behind_a_failur
     }
     let a = TimedSink::new(Duration::from_millis(100));
     a.refuse_once.lock().expect("refuse").push(2);
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 8)],
-        settings(64, 32),
-        None,
-    );
+    let (relay, stop) = relay(&queue, vec![("a", &a, 8)], settings(64, 32), None);
     let q = queue.clone();
     run_until(relay, stop, move || q.count(State::Success) == 8).await;
     let sent = a.sent();

@@ -8,12 +8,7 @@ async fn a_database_outage_pauses_claims_and_never_loses_rows() {
     let queue = MemQueue::with_rows(&[("a", 10)]);
     queue.failing_claims.store(4, Ordering::SeqCst);
     let a = TimedSink::new(Duration::from_millis(5));
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 4)],
-        settings(4, 4),
-        None,
-    );
+    let (relay, stop) = relay(&queue, vec![("a", &a, 4)], settings(4, 4), None);
     let health = relay.health.clone();
     let q = queue.clone();
     let t0 = Instant::now();
@@ -35,7 +30,7 @@ async fn leader_mode_claims_only_under_a_live_confirmed_lease() {
     let (tx, rx) = watch::channel(LeaseState::Standby);
     let mut s = settings(4, 4);
     s.mode = Mode::Leader;
-    let (relay, stop) = relay(queue.clone(), vec![("a", a.clone(), 4)], s, Some(rx));
+    let (relay, stop) = relay(&queue, vec![("a", &a, 4)], s, Some(rx));
     let task = tokio::spawn(relay.run());
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(queue.claims().is_empty(), "claimed without the lease");
@@ -87,7 +82,7 @@ async fn rows_claimed_as_the_lease_is_lost_are_given_back_unsent() {
     });
     let mut s = settings(8, 8);
     s.mode = Mode::Leader;
-    let (relay, stop) = relay(queue.clone(), vec![("a", a.clone(), 8)], s, Some(rx));
+    let (relay, stop) = relay(&queue, vec![("a", &a, 8)], s, Some(rx));
     let task = tokio::spawn(relay.run());
     tokio::time::sleep(Duration::from_millis(50)).await;
     tx.send_replace(LeaseState::Standby);
@@ -118,12 +113,7 @@ async fn rows_claimed_as_the_lease_is_lost_are_given_back_unsent() {
 async fn shutdown_lets_sends_in_flight_finish_and_records_them_and_claims_nothing_more() {
     let queue = MemQueue::with_rows(&[("a", 20)]);
     let a = TimedSink::new(Duration::from_secs(3));
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 4)],
-        settings(4, 4),
-        None,
-    );
+    let (relay, stop) = relay(&queue, vec![("a", &a, 4)], settings(4, 4), None);
     let task = tokio::spawn(relay.run());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let claims_before = queue.claims().len();
@@ -149,7 +139,7 @@ async fn shutdown_gives_up_on_sends_that_outlast_its_budget() {
     let a = TimedSink::new(Duration::from_secs(3600));
     let mut s = settings(4, 4);
     s.shutdown_timeout = Duration::from_secs(8);
-    let (relay, stop) = relay(queue.clone(), vec![("a", a, 4)], s, None);
+    let (relay, stop) = relay(&queue, vec![("a", &a, 4)], s, None);
     let task = tokio::spawn(relay.run());
     tokio::time::sleep(Duration::from_secs(1)).await;
     let stopped_at = Instant::now();

@@ -18,7 +18,7 @@ async fn an_idle_relay_reads_on_its_poll_not_on_each_lease_renewal() {
     let (tx, rx) = watch::channel(held(3));
     let mut s = settings(8, 8);
     s.mode = Mode::Leader;
-    let (relay, stop) = relay(queue.clone(), vec![("a", a.clone(), 8)], s, Some(rx));
+    let (relay, stop) = relay(&queue, vec![("a", &a, 8)], s, Some(rx));
     let start = Instant::now();
     let task = tokio::spawn(relay.run());
     // Renewed every 300 ms for 2.1 s.
@@ -53,7 +53,7 @@ async fn only_leader_mode_claims_alone() {
         let a = TimedSink::new(Duration::from_millis(5));
         let mut s = settings(8, 8);
         s.mode = mode;
-        let (relay, stop) = relay(queue.clone(), vec![("a", a.clone(), 8)], s, None);
+        let (relay, stop) = relay(&queue, vec![("a", &a, 8)], s, None);
         let task = tokio::spawn(relay.run());
         tokio::time::sleep(Duration::from_millis(100)).await;
         stop.cancel();
@@ -105,12 +105,7 @@ async fn a_wake_up_that_is_not_an_arrival_waits_as_long_as_the_short_claim_took(
         let queue = MemQueue::with_rows(&[("a", 8)]);
         *queue.claim_delay.lock().expect("delay") = Duration::from_millis(10);
         let a = TimedSink::new(Duration::from_millis(40));
-        let (relay, stop) = relay(
-            queue.clone(),
-            vec![("a", a.clone(), 16)],
-            settings(64, 32),
-            None,
-        );
+        let (relay, stop) = relay(&queue, vec![("a", &a, 16)], settings(64, 32), None);
         let (wake, arrivals) = (relay.wake.clone(), relay.arrivals.clone());
         let started = Instant::now();
         let task = tokio::spawn(relay.run());

@@ -246,20 +246,21 @@ fn settings(max_in_flight: u32, batch_size: u32) -> RelaySettings {
 
 /// The relay over `queue` with `sinks` (name, sink, concurrency), not yet running.
 fn relay(
-    queue: Arc<MemQueue>,
-    sinks: Vec<(&str, Arc<TimedSink>, u32)>,
+    queue: &Arc<MemQueue>,
+    sinks: Vec<(&str, &Arc<TimedSink>, u32)>,
     settings: RelaySettings,
     lease: Option<watch::Receiver<LeaseState>>,
 ) -> (Relay, CancellationToken) {
     let shutdown = CancellationToken::new();
     let registry = SinkRegistry::from_handles(sinks.into_iter().map(|(name, sink, c)| {
+        let sink = sink.clone();
         let mut h = SinkHandle::new(name, sink, c, RetrySettings::default());
         h.timeout = Duration::from_secs(10);
         h
     }));
     let wake = Arc::new(Notify::new());
     let relay = Relay {
-        store: queue,
+        store: queue.clone(),
         sinks: Arc::new(registry),
         settings,
         lease: lease.map(|rx| ("test".to_string(), rx)),
@@ -275,12 +276,7 @@ fn relay(
 fn idle_relay() -> (Arc<MemQueue>, Arc<TimedSink>, Relay, CancellationToken) {
     let queue = MemQueue::with_rows(&[]);
     let a = TimedSink::new(Duration::from_millis(5));
-    let (relay, stop) = relay(
-        queue.clone(),
-        vec![("a", a.clone(), 8)],
-        settings(64, 32),
-        None,
-    );
+    let (relay, stop) = relay(&queue, vec![("a", &a, 8)], settings(64, 32), None);
     (queue, a, relay, stop)
 }
 
