@@ -136,6 +136,13 @@ pub trait ClaimSql: Send + Sync {
         )
     }
 
+    /// Whether row `a`, unfinished and keyed, is the first unfinished row of its ordering key
+    /// (the head): a condition. Asked for every row a read looks at, so it must cost an index
+    /// step or two whatever is queued behind the key. By default: no earlier row.
+    fn head(&self, db: &Db, a: &str) -> String {
+        format!("{} IS NULL", self.earlier(db, a))
+    }
+
     /// Claims those of `ids` that are still claimable for `req` ([`claimable_among`]; with a
     /// fence, only while it holds), returning the claimed rows' select list
     /// ([`returned::select_list`]), in no order.
@@ -177,19 +184,23 @@ pub fn plain_channel_rows(db: &Db, w: &ChannelRead) -> Sql {
 /// database's test that an expression is one of them): unfinished, due, under no live claim,
 /// and either the head of its ordering key or right behind a row of the same claim.
 pub fn claimable_among(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> String) -> String {
-    let (s, c) = (db.syntax(), db.cols());
-    let keyed = match &c.ordering_key {
-        Some(k) => {
-            let earlier = sql.earlier(db, "o.");
-            format!(
-                " AND (o.{k} IS NULL OR {earlier} IS NULL OR {})",
-                in_ids(&earlier)
-            )
-        }
+    let keyed = match &db.cols().ordering_key {
+        Some(k) => format!(
+            " AND (o.{k} IS NULL OR {} OR {})",
+            sql.head(db, "o."),
+            in_ids(&sql.earlier(db, "o."))
+        ),
         None => String::new(),
     };
+    format!("{}{keyed}", free_and_open(db))
+}
+
+/// The condition that row `o` is unfinished, due and under no live claim (whatever its
+/// ordering key).
+pub fn free_and_open(db: &Db) -> String {
+    let (s, c) = (db.syntax(), db.cols());
     format!(
-        "{} AND {} AND (o.claimed_until IS NULL OR o.claimed_until < {}){keyed}",
+        "{} AND {} AND (o.claimed_until IS NULL OR o.claimed_until < {})",
         c.open("o."),
         c.due("o.", s),
         s.now()

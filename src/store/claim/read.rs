@@ -34,7 +34,6 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
 /// One part's `SELECT`.
 fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
     let (s, c) = (db.syntax(), db.cols());
-    let earlier = sql.earlier(db, "o.");
     let channel = s.claim_text(&s.cast_text(&c.channel("o.")));
     let key = s.claim_text(&c.text_or_null("o.", &c.ordering_key, s));
     let int = s.integer_type();
@@ -48,7 +47,8 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
         // A key part's first row is its key's first unfinished row.
         (Part::Key { .. }, _) | (_, None) => format!("CAST(1 AS {int})"),
         (_, Some(k)) => format!(
-            "CAST(CASE WHEN o.{k} IS NULL THEN 1 WHEN {earlier} IS NULL THEN 1 ELSE 0 END AS {int})"
+            "CAST(CASE WHEN o.{k} IS NULL THEN 1 WHEN {} THEN 1 ELSE 0 END AS {int})",
+            sql.head(db, "o.")
         ),
     };
     let mut q = Sql::new(&format!(

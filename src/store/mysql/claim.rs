@@ -21,7 +21,7 @@ use super::open_index::{self, OPEN_CHANNEL, OPEN_KEY, index};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::{has_ordering_key, select_list};
-use crate::store::claim::{ClaimSql, Rows, claimable_among, ids_of};
+use crate::store::claim::{ClaimSql, Rows, free_and_open, ids_of};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
@@ -84,7 +84,9 @@ impl ClaimSql for MySql {
         Sql::new(&format!(" FROM {} o WHERE 1 = 0", db.table()))
     }
 
-    /// `open_key` is NULL for finished rows, so the index holds unfinished keys only.
+    /// `open_key` is NULL for finished rows, so the index holds unfinished keys only. Only
+    /// the claim's check after its lock asks this, of rows it names by id
+    /// ([`earlier_of`]); reads ask [`ClaimSql::head`].
     fn earlier(&self, db: &Db, a: &str) -> String {
         let (t, id) = (db.table(), &db.cols().id);
         format!(
@@ -94,8 +96,20 @@ impl ClaimSql for MySql {
         )
     }
 
+    /// The key's first entry in the index of unfinished keys is `a` itself: one index step.
+    /// (An earlier row looked for with `a`'s id as a bound reads every entry of the key on
+    /// one side of `a`: MariaDB does not bound an index range by a correlated value.)
+    fn head(&self, db: &Db, a: &str) -> String {
+        let (t, id) = (db.table(), &db.cols().id);
+        format!(
+            "(SELECT p.{id} FROM {t} p FORCE INDEX ({}) \
+             WHERE p.{OPEN_KEY} = {a}{OPEN_KEY} ORDER BY p.{id} LIMIT 1) = {a}{id}",
+            index(db, "open_key_idx")
+        )
+    }
+
     fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
-        Box::pin(claim(db, self, req, ids))
+        Box::pin(claim(db, req, ids))
     }
 
     /// On the relay's own table the index of unfinished rows says whether any is due (a
@@ -115,12 +129,7 @@ impl ResultSql for MySql {}
 
 /// The claim of `ids`: the fence, a locking read of those still claimable (`SKIP LOCKED`
 /// where the server has it), the recheck of their keys, the `UPDATE`.
-async fn claim(
-    db: &Db,
-    sql: &dyn ClaimSql,
-    req: &ClaimRequest,
-    ids: &[i64],
-) -> anyhow::Result<Vec<AnyRow>> {
+async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<AnyRow>> {
     let lock = if db.dialect().skip_locked() {
         "FOR UPDATE SKIP LOCKED"
     } else {
@@ -137,7 +146,8 @@ async fn claim(
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(", ");
-    let claimable = claimable_among(db, sql, &|e| format!("{e} IN ({list})"));
+    // The ordering keys are checked after the lock (below), by id, with constant bounds.
+    let claimable = free_and_open(db);
     let q = Sql::new(&format!(
         "SELECT {} FROM {} o WHERE o.{} IN ({list}) AND {claimable} {lock}",
         select_list(db, "o.", req),
@@ -146,7 +156,7 @@ async fn claim(
     ));
     let mut rows = db.query(q).fetch_all(&mut *tx).await?;
     if !rows.is_empty() {
-        leave_rows_behind_their_key(db, sql, &mut rows, &mut tx).await?;
+        leave_rows_behind_their_key(db, &mut rows, &mut tx).await?;
     }
     if !rows.is_empty() {
         mark_claimed(db, req, &rows, &mut tx).await?;
@@ -158,21 +168,18 @@ async fn claim(
 /// Leaves out of `rows` each keyed row that has an earlier unfinished row of its key outside
 /// `rows`.
 ///
-/// A locking read reads the newest committed rows, but the claimable test's look for an
-/// earlier unfinished row of the same ordering key is a plain read of the snapshot taken when
-/// that test first ran in the statement. Two rows of one key written in one transaction (an
-/// application recording two events of an order at once) and committed meanwhile are both
-/// seen by the locking read, while the test does not see the first: both were claimed and
-/// sent at once. (PostgreSQL reads both sides from one snapshot; SQLite has one writer.)
-/// Found by the chaos run and reproduced by
-/// `claim_rule::mysql_a_key_committed_during_a_slow_pick_is_not_overtaken`. So keyed rows are
-/// checked again by a statement that reads after the lock (sessions run at READ COMMITTED:
-/// each statement reads what is committed when it runs); those behind a row this claim does
-/// not hold are left alone: not claimed, their locks released at commit. See docs/design.md,
-/// "Claims on MySQL/MariaDB".
+/// The ordering keys are checked here, after the lock, not in the locking read: a plain
+/// look for an earlier row of the same key inside the locking read reads the snapshot taken
+/// when it first ran, while the lock reads the newest committed rows. Two rows of one key
+/// written in one transaction (an application recording two events of an order at once) and
+/// committed meanwhile were both claimed and sent at once (found by the chaos run;
+/// PostgreSQL reads both sides from one snapshot, SQLite has one writer). Sessions run at
+/// READ COMMITTED, so this statement sees what is committed when it runs. Each row's earlier
+/// row is looked up with constant bounds ([`earlier_of`]): a correlated bound would read every
+/// entry of the key behind it. Rows behind a row this claim does not hold are left alone: not
+/// claimed, their locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
 async fn leave_rows_behind_their_key(
     db: &Db,
-    sql: &dyn ClaimSql,
     rows: &mut Vec<AnyRow>,
     tx: &mut Tx<'_>,
 ) -> anyhow::Result<()> {
@@ -185,13 +192,14 @@ async fn leave_rows_behind_their_key(
         return Ok(());
     }
     let held = ids_of(rows);
-    let id = &db.cols().id;
-    let earlier = sql.earlier(db, "o.");
-    let mut check = Sql::new(&format!(
-        "SELECT o.{id}, {earlier} FROM {} o WHERE o.{id} IN (",
-        db.table()
-    ));
-    check.ints(keyed).push(")");
+    let mut check = Sql::default();
+    for (i, row) in keyed.iter().enumerate() {
+        if i > 0 {
+            check.push(" UNION ALL ");
+        }
+        check.push("SELECT ").int(*row).push(", ");
+        earlier_of(db, &mut check, *row);
+    }
     let mut blocked = HashSet::new();
     for r in db.query(check).fetch_all(&mut **tx).await? {
         let before: Option<i64> = r.try_get(1)?;
@@ -210,6 +218,22 @@ async fn leave_rows_behind_their_key(
         });
     }
     Ok(())
+}
+
+/// The nearest earlier unfinished row of row `id`'s ordering key (NULL when it has none),
+/// written for a constant `id`: the key is read through the primary key once, and the
+/// earlier row is one step back in the index of unfinished keys, bounded on both sides.
+fn earlier_of(db: &Db, q: &mut Sql, id: i64) {
+    let (t, c) = (db.table(), &db.cols().id);
+    q.push(&format!(
+        "(SELECT MAX(p.{c}) FROM {t} p FORCE INDEX ({}) WHERE p.{OPEN_KEY} = \
+         (SELECT x.{OPEN_KEY} FROM {t} x WHERE x.{c} = ",
+        index(db, "open_key_idx")
+    ))
+    .int(id)
+    .push(&format!(") AND p.{c} < "))
+    .int(id)
+    .push(")");
 }
 
 /// Marks `rows` claimed by `req`'s claimer and token until `now + ttl`.

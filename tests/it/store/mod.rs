@@ -15,6 +15,7 @@ use outbox_relay::store::{
 };
 use sqlx::Row;
 
+mod backlog;
 mod claims;
 mod engines;
 mod idle;
