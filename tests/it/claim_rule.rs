@@ -215,27 +215,50 @@ fn apply(model: &mut Model, id: i64, token: &Arc<str>, how: How) -> bool {
     written
 }
 
-async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCaseError> {
-    let Some(db) = TestDb::open(which, "claim_rule").await else {
-        return Ok(());
-    };
-    let mut stores: Vec<Arc<SqlStore>> = vec![db.store.clone()];
-    for _ in 1..claimers {
-        let s = SqlStore::connect(&db.url, &db.table, 2, Duration::from_secs(5))
-            .await
-            .map_err(|e| TestCaseError::fail(format!("connect: {e}")))?;
-        stores.push(Arc::new(s));
+/// One case: the table, its claimers, the model, and what each claimer believes it holds:
+/// (id, token).
+struct Run {
+    which: Db,
+    db: TestDb,
+    stores: Vec<Arc<SqlStore>>,
+    model: Model,
+    held: Vec<Vec<(i64, Arc<str>)>>,
+}
+
+fn failed<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> TestCaseError + '_ {
+    move |e| TestCaseError::fail(format!("{what}: {e}"))
+}
+
+impl Run {
+    async fn open(which: Db, claimers: usize) -> Result<Option<Run>, TestCaseError> {
+        let Some(db) = TestDb::open(which, "claim_rule").await else {
+            return Ok(None);
+        };
+        let mut stores: Vec<Arc<SqlStore>> = vec![db.store.clone()];
+        for _ in 1..claimers {
+            let s = SqlStore::connect(&db.url, &db.table, 2, Duration::from_secs(5))
+                .await
+                .map_err(failed("connect"))?;
+            stores.push(Arc::new(s));
+        }
+        let (model, held) = (Model::default(), vec![Vec::new(); claimers]);
+        Ok(Some(Run {
+            which,
+            db,
+            stores,
+            model,
+            held,
+        }))
     }
-    let mut model = Model::default();
-    // What each claimer believes it holds: (id, token).
-    let mut held: Vec<Vec<(i64, Arc<str>)>> = vec![Vec::new(); claimers];
-    for step in steps {
+
+    async fn step(&mut self, step: Step) -> Result<(), TestCaseError> {
+        let claimers = self.stores.len();
         match step {
             Step::Insert { channel, key } => {
                 let key = key.map(|k| KEYS[k]);
-                let id = db.enqueue(CHANNELS[channel], "{}", key).await;
+                let id = self.db.enqueue(CHANNELS[channel], "{}", key).await;
                 let now = Instant::now();
-                (model.table).insert(id, CHANNELS[channel], key, State::Pending, now);
+                (self.model.table).insert(id, CHANNELS[channel], key, State::Pending, now);
             }
             Step::Claim {
                 claimer,
@@ -244,158 +267,185 @@ async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCas
             } => {
                 let c = claimer % claimers;
                 let req = request(budget, newest);
-                let got = stores[c]
-                    .claim(&req)
-                    .await
-                    .map_err(|e| TestCaseError::fail(format!("claim: {e}")))?;
-                check_claim(&mut model, &req, budget, &got)?;
-                held[c].extend(got.iter().map(|r| (r.delivery.id, req.token.clone())));
+                let got = self.stores[c].claim(&req).await.map_err(failed("claim"))?;
+                check_claim(&mut self.model, &req, budget, &got)?;
+                let token = &req.token;
+                self.held[c].extend(got.iter().map(|r| (r.delivery.id, token.clone())));
             }
             Step::Complete { claimer, pick, how } => {
-                let c = claimer % claimers;
-                if held[c].is_empty() {
-                    continue;
-                }
-                // As the relay sends a claim's rows of one key: the first one held goes first.
-                let (id, token) = first_of_its_run(&model, &held[c], pick % held[c].len());
-                // A claim that ran out sends nothing more (G4): its rows go back unsent.
-                let how = if model.live(id, &token) {
-                    how
-                } else {
+                self.complete(claimer % claimers, pick, how).await?;
+            }
+            Step::Expire { pick } => self.expire(pick).await,
+        }
+        Ok(())
+    }
+
+    /// Claimer `c` finishes one row it holds, as the relay sends a claim's rows of one key:
+    /// the first one held goes first, and when it is not delivered the rest go back unsent.
+    async fn complete(&mut self, c: usize, pick: usize, how: How) -> Result<(), TestCaseError> {
+        if self.held[c].is_empty() {
+            return Ok(());
+        }
+        let (id, token) = first_of_its_run(&self.model, &self.held[c], pick % self.held[c].len());
+        // A claim that ran out sends nothing more (G4): its rows go back unsent.
+        let how = if self.model.live(id, &token) {
+            how
+        } else {
+            How::GiveBack
+        };
+        let mut finish = vec![(id, how)];
+        if !matches!(how, How::Success) {
+            let rest = rest_of_run(&self.model, &self.held[c], id, &token);
+            finish.extend(rest.map(|r| (r, How::GiveBack)));
+        }
+        for (id, how) in finish {
+            self.held[c].retain(|(h, t)| !(*h == id && *t == token));
+            self.write(c, id, &token, how).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes claimer `c`'s result for row `id` and checks it was written exactly when the
+    /// model says the token still owns the row.
+    async fn write(
+        &mut self,
+        c: usize,
+        id: i64,
+        token: &Arc<str>,
+        how: How,
+    ) -> Result<(), TestCaseError> {
+        let want = apply(&mut self.model, id, token, how);
+        let done = [Completion {
+            id,
+            token: token.clone(),
+            resolution: resolution(how),
+        }];
+        let written = self.stores[c]
+            .complete(&done)
+            .await
+            .map_err(failed("complete"))?;
+        prop_assert_eq!(written, u64::from(want), "result of row {} ({:?})", id, how);
+        Ok(())
+    }
+
+    /// The claim of one live row runs out, and with it every row of that claim: they share one
+    /// `claimed_until`.
+    async fn expire(&mut self, pick: usize) {
+        let live: Vec<i64> = (self.model.table.rows.iter())
+            .filter(|(_, r)| r.live)
+            .map(|(id, _)| *id)
+            .collect();
+        if live.is_empty() {
+            return;
+        }
+        let ids = self.model.table.expire(live[pick % live.len()]);
+        let list = ids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.db
+            .exec(&format!(
+                "UPDATE {{t}} SET claimed_until = {} WHERE id IN ({list})",
+                db_time(self.which, -5)
+            ))
+            .await;
+    }
+
+    /// Quiet now: the claimers finish what they hold, in held order (each claim's id order).
+    /// A row whose claim ran out is given back unsent (G4), and so are the rows behind it in
+    /// its claim's run.
+    async fn finish_held(&mut self) -> Result<(), TestCaseError> {
+        for c in 0..self.held.len() {
+            let mut broken: Vec<(Arc<str>, String)> = Vec::new();
+            for (id, token) in std::mem::take(&mut self.held[c]) {
+                let key = self.model.key(id).map(str::to_string);
+                let expired = !self.model.live(id, &token);
+                let behind =
+                    (key.as_ref()).is_some_and(|k| broken.contains(&(token.clone(), k.clone())));
+                let how = if expired || behind {
+                    if let Some(k) = key {
+                        broken.push((token.clone(), k));
+                    }
                     How::GiveBack
+                } else {
+                    How::Success
                 };
-                let mut finish = vec![(id, how)];
-                if !matches!(how, How::Success) {
-                    // ... and when it is not delivered, the rest go back unsent.
-                    finish.extend(
-                        rest_of_run(&model, &held[c], id, &token).map(|r| (r, How::GiveBack)),
-                    );
-                }
-                for (id, how) in finish {
-                    held[c].retain(|(h, t)| !(*h == id && *t == token));
-                    let want = apply(&mut model, id, &token, how);
-                    let done = [Completion {
-                        id,
-                        token: token.clone(),
-                        resolution: resolution(how),
-                    }];
-                    let written = stores[c]
-                        .complete(&done)
-                        .await
-                        .map_err(|e| TestCaseError::fail(format!("complete: {e}")))?;
-                    prop_assert_eq!(written, u64::from(want), "result of row {} ({:?})", id, how);
-                }
+                self.write(c, id, &token, how).await?;
             }
-            Step::Expire { pick } => {
-                let live: Vec<i64> = model
-                    .table
-                    .rows
-                    .iter()
-                    .filter(|(_, r)| r.live)
-                    .map(|(id, _)| *id)
+        }
+        Ok(())
+    }
+
+    /// Claims and delivers until nothing is left. A row a floor skipped is found by the next
+    /// full walk, at most FULL_WALK_LONGEST (5 s) away.
+    async fn drain(&mut self) -> Result<(), TestCaseError> {
+        let until = Instant::now() + Duration::from_secs(7);
+        while !self.model.unfinished().is_empty() {
+            prop_assert!(
+                Instant::now() < until,
+                "rows never claimed again: {:?}",
+                self.model.unfinished()
+            );
+            let mut any = false;
+            for s in &self.stores {
+                let req = request(4, false);
+                let got = s.claim(&req).await.map_err(failed("claim"))?;
+                check_claim(&mut self.model, &req, 4, &got)?;
+                any |= !got.is_empty();
+                let done: Vec<Completion> = (got.iter())
+                    .map(|r| completion(r.delivery.id, &req.token))
                     .collect();
-                if live.is_empty() {
-                    continue;
+                for d in &done {
+                    apply(&mut self.model, d.id, &d.token, How::Success);
                 }
-                // The whole claim runs out: its rows share one `claimed_until`.
-                let ids = model.table.expire(live[pick % live.len()]);
-                let list = ids
-                    .iter()
-                    .map(i64::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                db.exec(&format!(
-                    "UPDATE {{t}} SET claimed_until = {} WHERE id IN ({list})",
-                    db_time(which, -5)
-                ))
-                .await;
+                s.complete(&done).await.map_err(failed("complete"))?;
+            }
+            if !any {
+                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+        Ok(())
     }
-    // Quiet now: the claimers finish what they hold, then claim and deliver until nothing is
-    // left. A row a floor skipped is found by the next full walk, at most FULL_WALK_LONGEST
-    // (5 s) away.
-    for (c, rows) in held.iter_mut().enumerate() {
-        // In held order, which is each claim's id order. A row whose claim ran out is given
-        // back unsent (G4), and so are the rows behind it in its claim's run.
-        let mut broken: Vec<(Arc<str>, String)> = Vec::new();
-        for (id, token) in rows.drain(..) {
-            let key = model.key(id).map(str::to_string);
-            let expired = !model.live(id, &token);
-            let behind = key
-                .as_ref()
-                .is_some_and(|k| broken.contains(&(token.clone(), k.clone())));
-            let how = if expired || behind {
-                if let Some(k) = key {
-                    broken.push((token.clone(), k));
-                }
-                How::GiveBack
-            } else {
-                How::Success
-            };
-            let want = apply(&mut model, id, &token, how);
-            let done = [Completion {
-                id,
-                token,
-                resolution: resolution(how),
-            }];
-            let written = stores[c]
-                .complete(&done)
-                .await
-                .map_err(|e| TestCaseError::fail(format!("complete: {e}")))?;
-            prop_assert_eq!(written, u64::from(want));
+
+    /// Every key finished in id order, and the table holds no unfinished row.
+    async fn check_end(self) -> Result<(), TestCaseError> {
+        for (key, ids) in &self.model.finished {
+            prop_assert!(
+                ids.windows(2).all(|w| w[0] < w[1]),
+                "key {key} finished out of order: {ids:?}"
+            );
         }
-    }
-    let until = Instant::now() + Duration::from_secs(7);
-    while !model.unfinished().is_empty() {
-        prop_assert!(
-            Instant::now() < until,
-            "rows never claimed again: {:?}",
-            model.unfinished()
-        );
-        let mut any = false;
-        for s in &stores {
-            let req = request(4, false);
-            let got = s
-                .claim(&req)
-                .await
-                .map_err(|e| TestCaseError::fail(format!("claim: {e}")))?;
-            check_claim(&mut model, &req, 4, &got)?;
-            any |= !got.is_empty();
-            let done: Vec<Completion> = got
-                .iter()
-                .map(|r| Completion {
-                    id: r.delivery.id,
-                    token: req.token.clone(),
-                    resolution: Resolution::Delivered,
-                })
-                .collect();
-            for d in &done {
-                apply(&mut model, d.id, &d.token, How::Success);
-            }
-            s.complete(&done)
-                .await
-                .map_err(|e| TestCaseError::fail(format!("complete: {e}")))?;
+        let open = (self.db)
+            .scalar("SELECT COUNT(*) FROM {t} WHERE status IN ('PENDING', 'RETRY')")
+            .await;
+        prop_assert_eq!(open, 0);
+        self.db.drop_table().await;
+        for s in self.stores {
+            s.pool().close().await;
         }
-        if !any {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        Ok(())
     }
-    for (key, ids) in &model.finished {
-        prop_assert!(
-            ids.windows(2).all(|w| w[0] < w[1]),
-            "key {key} finished out of order: {ids:?}"
-        );
+}
+
+fn completion(id: i64, token: &Arc<str>) -> Completion {
+    Completion {
+        id,
+        token: token.clone(),
+        resolution: Resolution::Delivered,
     }
-    let open = db
-        .scalar("SELECT COUNT(*) FROM {t} WHERE status IN ('PENDING', 'RETRY')")
-        .await;
-    prop_assert_eq!(open, 0);
-    db.drop_table().await;
-    for s in stores {
-        s.pool().close().await;
+}
+
+async fn run(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCaseError> {
+    let Some(mut run) = Run::open(which, claimers).await? else {
+        return Ok(());
+    };
+    for step in steps {
+        run.step(step).await?;
     }
-    Ok(())
+    run.finish_held().await?;
+    run.drain().await?;
+    run.check_end().await
 }
 
 fn case(which: Db, steps: Vec<Step>, claimers: usize) -> Result<(), TestCaseError> {
