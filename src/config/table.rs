@@ -267,9 +267,12 @@ mod tests {
         assert_eq!(t.validate().unwrap_err().key, "table.payload_object.p.x");
     }
 
-    #[test]
-    fn every_key_can_come_from_the_environment() {
-        let env: std::collections::BTreeMap<String, String> = [
+    /// Settings from the environment alone (no file): a table mapped by `TABLE__*` variables,
+    /// and `extra` (each key without the `OUTBOX_RELAY__` prefix).
+    fn mapped_from_env(
+        extra: &[(&str, &str)],
+    ) -> Result<crate::config::Settings, crate::config::ConfigError> {
+        let mapped = [
             ("TABLE__CHANNEL_VALUE", "kakao"),
             ("TABLE__COLUMNS__ID", "event_id"),
             ("TABLE__COLUMNS__STATUS", "state"),
@@ -277,11 +280,18 @@ mod tests {
             ("TABLE__STATUS__PENDING", "0"),
             ("TABLE__STATUS__SUCCESS", "1"),
             ("TABLE__STATUS__FAILED", "2"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("OUTBOX_RELAY__{k}"), v.to_string()))
-        .collect();
-        let s = crate::config::Settings::load_with_env(None, Some(env)).expect("loads");
+        ];
+        let env = mapped
+            .iter()
+            .chain(extra)
+            .map(|(k, v)| (format!("OUTBOX_RELAY__{k}"), v.to_string()))
+            .collect();
+        crate::config::Settings::load_with_env(None, Some(env))
+    }
+
+    #[test]
+    fn every_key_can_come_from_the_environment() {
+        let s = mapped_from_env(&[]).expect("loads");
         assert!(s.table.is_mapped());
         assert_eq!(s.table.columns.id.as_deref(), Some("event_id"));
         // Environment values are strings: the codes are quoted digits.
@@ -290,20 +300,8 @@ mod tests {
 
     #[test]
     fn the_console_runs_on_a_mapped_table() {
-        let env: std::collections::BTreeMap<String, String> = [
-            ("TABLE__CHANNEL_VALUE", "kakao"),
-            ("TABLE__COLUMNS__ID", "event_id"),
-            ("TABLE__COLUMNS__STATUS", "state"),
-            ("TABLE__COLUMNS__PAYLOAD", "body"),
-            ("TABLE__STATUS__PENDING", "0"),
-            ("TABLE__STATUS__SUCCESS", "1"),
-            ("TABLE__STATUS__FAILED", "2"),
-            ("CONSOLE__TOKEN", "console-test-token-0123456789"),
-        ]
-        .into_iter()
-        .map(|(k, v)| (format!("OUTBOX_RELAY__{k}"), v.to_string()))
-        .collect();
-        let s = crate::config::Settings::load_with_env(None, Some(env)).expect("accepted");
+        let console = ("CONSOLE__TOKEN", "console-test-token-0123456789");
+        let s = mapped_from_env(&[console]).expect("accepted");
         assert!(s.table.is_mapped() && s.console.is_some());
     }
 

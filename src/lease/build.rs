@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{
     DatabaseLease, GetLockLease, Keeper, Lease, RedisLease, RedissonLease, RedlockLease,
-    ShedLockLease,
+    ShedLockLease, Tenure,
 };
 use crate::config::{LeaseBackend, Mode, Settings};
 use crate::store::{ShedLockTable, SqlStore};
@@ -64,10 +64,10 @@ fn backend(settings: &Settings, store: &Arc<SqlStore>) -> anyhow::Result<Option<
 /// backends), connected by `connect` (the `redis` or the `redisson` backend).
 fn on_redis<L: Lease + 'static>(
     settings: &Settings,
-    connect: impl FnOnce(&str, &str, &str, Duration, Duration) -> anyhow::Result<L>,
+    connect: impl FnOnce(&str, Tenure, Duration) -> anyhow::Result<L>,
 ) -> anyhow::Result<Arc<dyn Lease>> {
     let l = &settings.lease;
     let url = l.redis_url.as_ref().map(|u| u.expose()).unwrap_or_default();
-    let id = &settings.relay.instance_id;
-    Ok(Arc::new(connect(url, &l.name, id, l.ttl, l.renew_timeout)?))
+    let tenure = Tenure::new(&l.name, &settings.relay.instance_id, l.ttl);
+    Ok(Arc::new(connect(url, tenure, l.renew_timeout)?))
 }

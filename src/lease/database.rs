@@ -7,100 +7,79 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Grant, Held, Lease, holder_token, poll_every};
+use super::{Grant, Lease, Tenure, poll_every};
 use crate::BoxFuture;
 use crate::store::LeaseTable;
 
 /// A lease kept in the outbox database.
 pub struct DatabaseLease {
     store: Arc<dyn LeaseTable>,
-    /// The row's name.
-    name: String,
-    /// This instance's id; the holder token is `<instance_id>#<random>` per acquisition.
-    instance_id: String,
-    ttl: Duration,
-    /// (holder token, epoch) while held.
-    held: Held<(String, i64)>,
+    /// The row's name, the ttl, and while held the holder token (`<instance_id>#<random>` per
+    /// acquisition) with the epoch the acquire bumped.
+    tenure: Tenure,
 }
 
 impl DatabaseLease {
     pub fn new(store: Arc<dyn LeaseTable>, name: &str, instance_id: &str, ttl: Duration) -> Self {
         DatabaseLease {
             store,
-            name: name.to_string(),
-            instance_id: instance_id.to_string(),
-            ttl,
-            held: Held::new(),
+            tenure: Tenure::new(name, instance_id, ttl),
         }
     }
 }
 
 impl Lease for DatabaseLease {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn holder(&self) -> String {
-        self.held
-            .get()
-            .map(|(h, _)| h)
-            .unwrap_or_else(|| self.instance_id.clone())
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
         Box::pin(async move {
-            let token = holder_token(&self.instance_id);
+            // Not `Tenure::acquire`: the grant carries the epoch this statement bumped.
+            let token = self.tenure.new_token();
             let sent_at = Instant::now();
-            match self
+            let epoch = self
                 .store
-                .lease_acquire(&self.name, &token, self.ttl)
-                .await?
-            {
-                Some(epoch) => {
-                    self.held.set(Some((token, epoch)));
-                    Ok(Some(Grant {
-                        epoch: Some(epoch),
-                        sent_at,
-                    }))
-                }
-                None => Ok(None),
-            }
+                .lease_acquire(self.name(), &token, self.ttl())
+                .await?;
+            Ok(epoch.map(|epoch| {
+                let grant = Grant {
+                    epoch: Some(epoch),
+                    sent_at,
+                };
+                self.tenure.keep(token, grant)
+            }))
         })
     }
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async move {
-            let Some((token, epoch)) = self.held.get() else {
+        Box::pin(self.tenure.renew(move |hold| async move {
+            // Every grant of this backend carries its epoch; a hold without one is not ours.
+            let Some(epoch) = hold.epoch else {
                 return Ok(false);
             };
-            let renewed = self
-                .store
-                .lease_renew(&self.name, &token, epoch, self.ttl)
-                .await?;
-            if !renewed {
-                self.held.set(None);
-            }
-            Ok(renewed)
-        })
+            self.store
+                .lease_renew(self.name(), &hold.token, epoch, self.ttl())
+                .await
+        }))
     }
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            if let Some((token, epoch)) = self.held.get() {
-                self.held.set(None);
-                self.store.lease_release(&self.name, &token, epoch).await?;
+        Box::pin(self.tenure.release(move |hold| async move {
+            match hold.epoch {
+                Some(epoch) => {
+                    self.store
+                        .lease_release(self.name(), &hold.token, epoch)
+                        .await
+                }
+                None => Ok(()),
             }
-            Ok(())
-        })
+        }))
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
         // Standbys poll the row.
-        Box::pin(tokio::time::sleep(poll_every(self.ttl).min(max)))
+        Box::pin(tokio::time::sleep(poll_every(self.ttl()).min(max)))
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {

@@ -25,21 +25,19 @@ use anyhow::Context;
 use tokio::sync::{Mutex, watch};
 use tokio::time::Instant;
 
-use super::{Grant, Held, Lease, holder_token, poll_every};
+use super::{Grant, Lease, Tenure, poll_every};
 use crate::BoxFuture;
 use crate::store::{LockSession, SqlStore};
 
 /// A `GET_LOCK` named lock as a lease.
 pub struct GetLockLease {
     store: Arc<SqlStore>,
-    name: String,
-    instance_id: String,
-    ttl: Duration,
+    /// The lock's name, the ttl, and while held the holder token recorded with the epoch (the
+    /// server knows the holder by its session, not by the token).
+    tenure: Tenure,
     /// The dedicated session: kept while standing by too (a poll costs one statement, not a
     /// connection), dropped whenever a statement on it fails.
     session: Arc<Mutex<Option<LockSession>>>,
-    /// The holder token recorded with the epoch, while held.
-    held: Held<String>,
     /// True from an acquisition until the hold is known gone (released, or found lost by the
     /// watcher or a renewal); [`Lease::lost`] waits for false.
     holding: watch::Sender<bool>,
@@ -49,11 +47,8 @@ impl GetLockLease {
     pub fn new(store: Arc<SqlStore>, name: &str, instance_id: &str, ttl: Duration) -> Self {
         GetLockLease {
             store,
-            name: name.to_string(),
-            instance_id: instance_id.to_string(),
-            ttl,
+            tenure: Tenure::new(name, instance_id, ttl),
             session: Arc::new(Mutex::new(None)),
-            held: Held::new(),
             holding: watch::Sender::new(false),
         }
     }
@@ -61,7 +56,7 @@ impl GetLockLease {
     /// Forgets the hold: no session, no token, and [`Lease::lost`] resolves.
     fn forget(&self, guard: &mut Option<LockSession>) {
         *guard = None;
-        self.held.set(None);
+        self.tenure.forget();
         self.holding.send_replace(false);
     }
 
@@ -72,8 +67,8 @@ impl GetLockLease {
     fn watch_hold(&self) {
         let session = self.session.clone();
         let holding = self.holding.clone();
-        let name = self.name.clone();
-        let every = poll_every(self.ttl);
+        let name = self.name().to_string();
+        let every = poll_every(self.ttl());
         tokio::spawn(async move {
             let mut rx = holding.subscribe();
             loop {
@@ -114,16 +109,8 @@ impl GetLockLease {
 }
 
 impl Lease for GetLockLease {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn holder(&self) -> String {
-        self.held.get().unwrap_or_else(|| self.instance_id.clone())
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
@@ -133,7 +120,7 @@ impl Lease for GetLockLease {
             let what = "GET_LOCK (lease.backend = \"mysql-get-lock\")";
             let mut session = match guard.take() {
                 Some(s) => s,
-                None => self.store.lock_session(&self.name).await.context(what)?,
+                None => self.store.lock_session(self.name()).await.context(what)?,
             };
             // On an error the session is dropped (closed): whatever it may hold goes with it.
             let taken = session.try_lock().await.context(what)?;
@@ -141,32 +128,33 @@ impl Lease for GetLockLease {
             if !taken {
                 return Ok(None);
             }
-            self.held.set(Some(holder_token(&self.instance_id)));
+            // Not `Tenure::acquire`: the token only names the hold (the server knows the
+            // session), and it is kept before the session's lock is let go.
+            let grant = Grant {
+                epoch: None,
+                sent_at,
+            };
+            let grant = self.tenure.keep(self.tenure.new_token(), grant);
             drop(guard);
             // One watcher per hold (a hold the keeper gave up on by its deadline and then took
             // again on the same session is still watched by the first).
             if !self.holding.send_replace(true) {
                 self.watch_hold();
             }
-            Ok(Some(Grant {
-                epoch: None,
-                sent_at,
-            }))
+            Ok(Some(grant))
         })
     }
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async move {
-            if self.held.get().is_none() {
-                return Ok(false);
-            }
+        // The hold's token is not sent: the server knows the holder by its session.
+        Box::pin(self.tenure.renew(move |_| async move {
             let mut guard = self.session.lock().await;
             let holds = match guard.as_mut() {
                 Some(session) => match session.holds().await {
                     Ok(h) => h,
                     Err(e) => {
                         // The session is gone, and the server released its lock with it.
-                        tracing::warn!(lease = %self.name, error = %e, "GET_LOCK session lost");
+                        tracing::warn!(lease = %self.name(), error = %e, "GET_LOCK session lost");
                         false
                     }
                 },
@@ -177,7 +165,7 @@ impl Lease for GetLockLease {
                 self.forget(&mut guard);
             }
             Ok(holds)
-        })
+        }))
     }
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
@@ -196,7 +184,7 @@ impl Lease for GetLockLease {
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(tokio::time::sleep(poll_every(self.ttl).min(max)))
+        Box::pin(tokio::time::sleep(poll_every(self.ttl()).min(max)))
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {

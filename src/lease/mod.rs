@@ -1,7 +1,9 @@
 //! Who may claim in leader mode. A [`Lease`] is one backend's primitive operations (acquire,
 //! renew, release, wait for a turn); the [`Keeper`] drives any backend the same way: acquire,
 //! bump the fencing epoch, renew every `ttl / 3`, and publish a [`LeaseState`] the relay loop
-//! reads before every claim and every send.
+//! reads before every claim and every send. What a backend keeps about its lease (name, ttl,
+//! the token of the current hold) and what it does with a renewal's or a release's answer is
+//! the same for all of them: a [`Tenure`] (`tenure.rs`).
 //!
 //! Guarantees (G4; docs/design.md, "Leases and fencing"):
 //! - the holder's deadline is measured on the monotonic clock from when the acquire or the
@@ -21,6 +23,7 @@ mod redis;
 mod redisson;
 mod redlock;
 mod shedlock;
+mod tenure;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +40,7 @@ pub use redis::RedisLease;
 pub use redisson::{RedissonLease, UNLOCK_MESSAGE, channel_name as redisson_channel};
 pub use redlock::RedlockLease;
 pub use shedlock::ShedLockLease;
+pub use tenure::Tenure;
 
 use crate::BoxFuture;
 use crate::store::{Fence, LeaseTable};
@@ -51,14 +55,23 @@ pub struct Grant {
     pub sent_at: Instant,
 }
 
-/// One lease backend's primitives. Implementations keep their own holder token.
+/// One lease backend's primitives. Implementations keep their name, ttl and holder token in a
+/// [`Tenure`], and go through it to acquire, renew and release.
 pub trait Lease: Send + Sync {
+    /// The lease's name, ttl and current hold.
+    fn tenure(&self) -> &Tenure;
     /// The lease's name (the `outbox_relay_lease` row).
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        self.tenure().name()
+    }
     /// The holder identity written to `outbox_relay_lease.holder` for this acquisition.
-    fn holder(&self) -> String;
+    fn holder(&self) -> String {
+        self.tenure().holder()
+    }
     /// How long a grant lasts without renewal.
-    fn ttl(&self) -> Duration;
+    fn ttl(&self) -> Duration {
+        self.tenure().ttl()
+    }
     /// One attempt to take the lease: `Some` when taken.
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>>;
     /// Extends the lease: `Ok(true)` renewed, `Ok(false)` lost to someone else, `Err` unknown.
@@ -123,38 +136,6 @@ fn held(epoch: i64, deadline: Instant, confirmed: bool) -> LeaseState {
         deadline,
         confirmed,
     }
-}
-
-/// What a backend remembers while it believes it holds the lease (its holder token, and for
-/// the database backend the epoch): set on acquire, cleared on loss or release.
-pub(crate) struct Held<T>(std::sync::Mutex<Option<T>>);
-
-impl<T: Clone> Held<T> {
-    pub(crate) fn new() -> Self {
-        Held(std::sync::Mutex::new(None))
-    }
-
-    /// A copy of what is held, if anything.
-    pub(crate) fn get(&self) -> Option<T> {
-        match self.0.lock() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    /// Replaces what is held.
-    pub(crate) fn set(&self, v: Option<T>) {
-        match self.0.lock() {
-            Ok(mut g) => *g = v,
-            Err(p) => *p.into_inner() = v,
-        }
-    }
-}
-
-/// A fresh holder token for one acquisition: `<instance_id>#<random>`, so that logs and the
-/// fencing row say which instance holds the lease, and no two acquisitions share a token.
-pub(crate) fn holder_token(instance_id: &str) -> String {
-    format!("{instance_id}#{}", crate::random_token())
 }
 
 /// How often a standby of a backend without wake-ups (a database row, a named lock) tries

@@ -24,7 +24,7 @@ use fred::types::scripts::Script;
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
-use super::{Grant, Held, Lease, holder_token};
+use super::{Grant, Lease, Tenure};
 use crate::BoxFuture;
 
 /// Extends the key only if it still holds our token. Returns 1 or 0.
@@ -274,85 +274,51 @@ pub(super) async fn next_reconnection(reconnections: &watch::Sender<u64>) {
 pub struct RedisLease {
     /// The server's key, channel and scripts.
     node: RedisNode,
-    /// This instance's id: the prefix of every holder token.
-    instance_id: String,
-    /// How long a grant lasts without renewal.
-    ttl: Duration,
-    /// Our holder token while we believe we hold the key.
-    held: Held<String>,
+    /// The key's name, the ttl, and our holder token while we believe we hold the key.
+    tenure: Tenure,
 }
 
 impl RedisLease {
-    /// Builds the clients and starts connecting in the background (a Redis that is down at
-    /// start is retried; the keeper simply fails to acquire until it is back).
+    /// Connects to `url` (`lease.redis_url`) in the background, as `Connections::open`
+    /// does: a Redis that is down at start is retried, and the keeper simply fails to acquire
+    /// until it is back. Every command is bounded by `command_timeout`.
     pub fn connect(
         url: &str,
-        name: &str,
-        instance_id: &str,
-        ttl: Duration,
+        tenure: Tenure,
         command_timeout: Duration,
     ) -> anyhow::Result<RedisLease> {
+        let name = tenure.name();
         let timeouts = (command_timeout, command_timeout);
         let node = RedisNode::connect(url, "lease.redis_url", name, timeouts, false)?;
-        Ok(RedisLease {
-            node,
-            instance_id: instance_id.to_string(),
-            ttl,
-            held: Held::new(),
-        })
+        Ok(RedisLease { node, tenure })
     }
 }
 
 impl Lease for RedisLease {
-    fn name(&self) -> &str {
-        &self.node.key
-    }
-
-    fn holder(&self) -> String {
-        self.held.get().unwrap_or_else(|| self.instance_id.clone())
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
-        Box::pin(async move {
-            let token = holder_token(&self.instance_id);
-            let sent_at = Instant::now();
-            if self.node.set_nx(&token, self.ttl).await? {
-                self.held.set(Some(token));
-                Ok(Some(Grant {
-                    epoch: None,
-                    sent_at,
-                }))
-            } else {
-                Ok(None)
-            }
-        })
+        Box::pin(
+            self.tenure
+                .acquire(move |token| async move { self.node.set_nx(&token, self.ttl()).await }),
+        )
     }
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async move {
-            let Some(token) = self.held.get() else {
-                return Ok(false);
-            };
-            let renewed = self.node.renew(&token, self.ttl).await?;
-            if !renewed {
-                self.held.set(None);
-            }
-            Ok(renewed)
-        })
+        Box::pin(
+            self.tenure
+                .renew(move |hold| async move { self.node.renew(&hold.token, self.ttl()).await }),
+        )
     }
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            if let Some(token) = self.held.get() {
-                self.held.set(None);
-                self.node.release(&token).await?;
-            }
+        Box::pin(self.tenure.release(move |hold| async move {
+            // Whether the key was still ours is no matter: either way it is not ours now.
+            self.node.release(&hold.token).await?;
             Ok(())
-        })
+        }))
     }
 
     fn reconnected(&self) -> BoxFuture<'_, ()> {

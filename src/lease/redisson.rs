@@ -32,10 +32,9 @@ use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::scripts::Script;
-use tokio::time::Instant;
 
 use super::redis::{Connections, next_reconnection, wait_for_turn};
-use super::{Grant, Held, Lease};
+use super::{Grant, Lease, Tenure};
 use crate::BoxFuture;
 
 /// Redisson's tryLock script (`tryLockInnerAsync`): KEYS[1] = name, ARGV[1] = lease ms,
@@ -108,131 +107,108 @@ fn uuid() -> String {
 /// A Redisson-compatible lock on one Redis server.
 pub struct RedissonLease {
     conns: Connections,
-    /// The lock name: the hash's key.
-    key: String,
     /// `redisson_lock__channel:{<name>}`.
     channel: String,
-    instance_id: String,
-    ttl: Duration,
+    /// The lock name (the hash's key), the ttl, and our hash field (`<uuid>:1`) while we
+    /// believe we hold the lock.
+    tenure: Tenure,
     try_lock: Script,
     renew: Script,
     unlock: Script,
-    /// Our hash field (`<uuid>:1`) while we believe we hold the lock.
-    held: Held<String>,
 }
 
 impl RedissonLease {
-    /// Builds the clients and starts connecting in the background (a Redis that is down at
-    /// start is retried; the keeper simply fails to acquire until it is back).
+    /// Connects to `url` (`lease.redis_url`) in the background, as `Connections::open`
+    /// does, subscribed to the lock's channel: a Redis that is down at start is retried, and
+    /// the keeper simply fails to acquire until it is back.
     pub fn connect(
         url: &str,
-        name: &str,
-        instance_id: &str,
-        ttl: Duration,
+        tenure: Tenure,
         command_timeout: Duration,
     ) -> anyhow::Result<RedissonLease> {
-        let channel = channel_name(name);
+        let channel = channel_name(tenure.name());
         let timeouts = (command_timeout, command_timeout);
         let conns = Connections::open(url, "lease.redis_url", timeouts, &channel)?;
         Ok(RedissonLease {
             conns,
-            key: name.to_string(),
             channel,
-            instance_id: instance_id.to_string(),
-            ttl,
+            tenure,
             try_lock: Script::from_lua(TRY_LOCK),
             renew: Script::from_lua(RENEW),
             unlock: Script::from_lua(UNLOCK),
-            held: Held::new(),
         })
     }
 
+    /// The hash's key: the lock name.
+    fn key(&self) -> &str {
+        self.tenure.name()
+    }
+
     fn ttl_ms(&self) -> String {
-        self.ttl.as_millis().to_string()
+        self.ttl().as_millis().to_string()
     }
 }
 
 impl Lease for RedissonLease {
-    fn name(&self) -> &str {
-        &self.key
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     /// `<instance_id>#<field>`: the Redis field is what a Java operator sees in the hash.
     fn holder(&self) -> String {
-        match self.held.get() {
-            Some(field) => format!("{}#{field}", self.instance_id),
-            None => self.instance_id.clone(),
+        let id = self.tenure.instance_id();
+        match self.tenure.hold() {
+            Some(hold) => format!("{id}#{}", hold.token),
+            None => id.to_string(),
         }
     }
 
-    fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
-        Box::pin(async move {
-            // A fresh field per attempt: a retried acquire can never count twice.
-            let field = format!("{}:{THREAD_ID}", uuid());
-            let sent_at = Instant::now();
+        // A fresh field per attempt: a retried acquire can never count twice.
+        let field = format!("{}:{THREAD_ID}", uuid());
+        Box::pin(self.tenure.acquire_as(field, move |field| async move {
             let pttl: Option<i64> = self
                 .try_lock
                 .evalsha_with_reload(
                     &self.conns.client,
-                    vec![self.key.as_str()],
-                    vec![self.ttl_ms(), field.clone()],
+                    vec![self.key()],
+                    vec![self.ttl_ms(), field],
                 )
                 .await?;
-            match pttl {
-                None => {
-                    self.held.set(Some(field));
-                    Ok(Some(Grant {
-                        epoch: None,
-                        sent_at,
-                    }))
-                }
-                Some(_) => Ok(None),
-            }
-        })
+            // nil: taken; otherwise the holder's PTTL.
+            Ok(pttl.is_none())
+        }))
     }
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async move {
-            let Some(field) = self.held.get() else {
-                return Ok(false);
-            };
+        Box::pin(self.tenure.renew(move |hold| async move {
             let n: i64 = self
                 .renew
                 .evalsha_with_reload(
                     &self.conns.client,
-                    vec![self.key.as_str()],
-                    vec![self.ttl_ms(), field],
+                    vec![self.key()],
+                    vec![self.ttl_ms(), hold.token],
                 )
                 .await?;
-            if n != 1 {
-                self.held.set(None);
-            }
             Ok(n == 1)
-        })
+        }))
     }
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            if let Some(field) = self.held.get() {
-                self.held.set(None);
-                let r: Option<i64> = self
-                    .unlock
-                    .evalsha_with_reload(
-                        &self.conns.client,
-                        vec![self.key.as_str(), self.channel.as_str()],
-                        vec![UNLOCK_MESSAGE.to_string(), self.ttl_ms(), field],
-                    )
-                    .await?;
-                if r.is_none() {
-                    tracing::info!(lease = %self.key, "lock was no longer ours at release (expired); left as it is");
-                }
+        Box::pin(self.tenure.release(move |hold| async move {
+            let r: Option<i64> = self
+                .unlock
+                .evalsha_with_reload(
+                    &self.conns.client,
+                    vec![self.key(), self.channel.as_str()],
+                    vec![UNLOCK_MESSAGE.to_string(), self.ttl_ms(), hold.token],
+                )
+                .await?;
+            if r.is_none() {
+                tracing::info!(lease = %self.key(), "lock was no longer ours at release (expired); left as it is");
             }
             Ok(())
-        })
+        }))
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
@@ -241,7 +217,7 @@ impl Lease for RedissonLease {
         let rx = self.conns.subscriber.message_rx();
         Box::pin(wait_for_turn(
             rx,
-            async move { Ok(self.conns.client.pttl::<i64, _>(self.key.as_str()).await?) },
+            async move { Ok(self.conns.client.pttl::<i64, _>(self.key()).await?) },
             &self.channel,
             max,
         ))

@@ -53,7 +53,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::redis::RedisNode;
-use super::{Grant, Held, Lease, drift, holder_token};
+use super::{Grant, Lease, Tenure, drift};
 use crate::BoxFuture;
 
 /// A lease held on a majority of independent Redis servers.
@@ -62,16 +62,11 @@ pub struct RedlockLease {
     nodes: Arc<[RedisNode]>,
     /// `N/2 + 1`: how many nodes must agree.
     quorum: usize,
-    /// The lease's name (the key on every node, and the `outbox_relay_lease` row).
-    name: String,
-    /// This instance's id: the prefix of every holder token.
-    instance_id: String,
-    /// How long a grant lasts without renewal.
-    ttl: Duration,
+    /// The lease's name (the key on every node, and the `outbox_relay_lease` row), the ttl,
+    /// and our holder token while we believe we hold the lease.
+    tenure: Tenure,
     /// The bound on one command on one node (see the module doc).
     node_timeout: Duration,
-    /// Our holder token while we believe we hold the lease.
-    held: Held<String>,
     /// Bumped whenever any node delivers a release message; standbys watch it.
     released: watch::Sender<u64>,
     /// The last attempt failed although some nodes had set our key (contenders split the
@@ -126,11 +121,8 @@ impl RedlockLease {
         Ok(RedlockLease {
             quorum: nodes.len() / 2 + 1,
             nodes: nodes.into(),
-            name: name.to_string(),
-            instance_id: instance_id.to_string(),
-            ttl,
+            tenure: Tenure::new(name, instance_id, ttl),
             node_timeout,
-            held: Held::new(),
             released,
             contended: AtomicBool::new(false),
         })
@@ -287,24 +279,18 @@ async fn attempt(
 }
 
 impl Lease for RedlockLease {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn holder(&self) -> String {
-        self.held.get().unwrap_or_else(|| self.instance_id.clone())
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
         Box::pin(async move {
-            let token = holder_token(&self.instance_id);
+            // Not `Tenure::acquire`: the grant counts from when the attempt's task started
+            // (see the module doc), and a refusal says whether the nodes were split.
+            let token = self.tenure.new_token();
             let (tx, rx) = oneshot::channel();
             let nodes = self.nodes.clone();
-            let knobs = (self.ttl, self.quorum, self.limit());
+            let knobs = (self.ttl(), self.quorum, self.limit());
             let t = token.clone();
             tokio::spawn(async move {
                 let outcome = attempt(&nodes, &t, knobs).await;
@@ -319,19 +305,14 @@ impl Lease for RedlockLease {
             let outcome = outcome?;
             self.contended
                 .store(outcome.is_none() && took > 0, Ordering::Relaxed);
-            if outcome.is_some() {
-                self.held.set(Some(token));
-            }
-            Ok(outcome)
+            Ok(outcome.map(|grant| self.tenure.keep(token, grant)))
         })
     }
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async move {
-            let Some(token) = self.held.get() else {
-                return Ok(false);
-            };
-            let (ttl, limit, n) = (self.ttl, self.limit(), self.nodes.len());
+        Box::pin(self.tenure.renew(move |hold| async move {
+            let (ttl, limit, n) = (self.ttl(), self.limit(), self.nodes.len());
+            let token = hold.token;
             let t = Tally::of(
                 on_all(&self.nodes, |node| bounded(limit, node.renew(&token, ttl))).await,
             );
@@ -341,7 +322,6 @@ impl Lease for RedlockLease {
             if t.no > n - self.quorum {
                 // Gone on too many nodes for a majority ever again: lost. Tidy our leftovers.
                 tracing::debug!(result = %t.summary(n), "redlock renewal refused");
-                self.held.set(None);
                 let nodes = self.nodes.clone();
                 tokio::spawn(async move { discard_all(&nodes, &token, limit).await });
                 return Ok(false);
@@ -351,17 +331,14 @@ impl Lease for RedlockLease {
                 self.quorum,
                 t.summary(n)
             )
-        })
+        }))
     }
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            let Some(token) = self.held.get() else {
-                return Ok(());
-            };
-            self.held.set(None);
+        Box::pin(self.tenure.release(move |hold| async move {
             let limit = self.limit();
-            let t = Tally::of(on_all(&self.nodes, |n| bounded(limit, n.release(&token))).await);
+            let t =
+                Tally::of(on_all(&self.nodes, |n| bounded(limit, n.release(&hold.token))).await);
             if !t.errors.is_empty() {
                 anyhow::bail!(
                     "redlock release incomplete ({}); the rest expires",
@@ -369,7 +346,7 @@ impl Lease for RedlockLease {
                 );
             }
             Ok(())
-        })
+        }))
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {

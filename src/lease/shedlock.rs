@@ -23,9 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tokio::time::Instant;
 
-use super::{Grant, Held, Lease, holder_token, poll_every};
+use super::{Grant, Lease, Tenure, poll_every};
 use crate::BoxFuture;
 use crate::store::{ShedLockTable, SqlStore};
 
@@ -34,12 +33,9 @@ pub struct ShedLockLease {
     store: Arc<SqlStore>,
     /// The ShedLock table and the clock its times are in.
     table: ShedLockTable,
-    /// The row's `name`: the `@SchedulerLock` name of the Java side.
-    name: String,
-    instance_id: String,
-    ttl: Duration,
-    /// Our `locked_by` while we believe we hold the row.
-    held: Held<String>,
+    /// The row's `name` (the `@SchedulerLock` name of the Java side), the ttl, and our
+    /// `locked_by` while we believe we hold the row.
+    tenure: Tenure,
 }
 
 impl ShedLockLease {
@@ -53,10 +49,7 @@ impl ShedLockLease {
         ShedLockLease {
             store,
             table,
-            name: name.to_string(),
-            instance_id: instance_id.to_string(),
-            ttl,
-            held: Held::new(),
+            tenure: Tenure::new(name, instance_id, ttl),
         }
     }
 
@@ -67,74 +60,43 @@ impl ShedLockLease {
 }
 
 impl Lease for ShedLockLease {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn holder(&self) -> String {
-        self.held.get().unwrap_or_else(|| self.instance_id.clone())
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
-        Box::pin(async move {
-            let token = holder_token(&self.instance_id);
-            let sent_at = Instant::now();
-            let taken = self
-                .store
+        Box::pin(self.tenure.acquire(move |token| async move {
+            self.store
                 .shedlock()
-                .acquire(&self.table, &self.name, &token, self.ttl)
+                .acquire(&self.table, self.name(), &token, self.ttl())
                 .await
-                .with_context(|| self.context())?;
-            if !taken {
-                return Ok(None);
-            }
-            self.held.set(Some(token));
-            Ok(Some(Grant {
-                epoch: None,
-                sent_at,
-            }))
-        })
+                .with_context(|| self.context())
+        }))
     }
 
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
-        Box::pin(async move {
-            let Some(token) = self.held.get() else {
-                return Ok(false);
-            };
-            let extended = self
-                .store
+        Box::pin(self.tenure.renew(move |hold| async move {
+            self.store
                 .shedlock()
-                .extend(&self.table, &self.name, &token, self.ttl)
+                .extend(&self.table, self.name(), &hold.token, self.ttl())
                 .await
-                .with_context(|| self.context())?;
-            if !extended {
-                self.held.set(None);
-            }
-            Ok(extended)
-        })
+                .with_context(|| self.context())
+        }))
     }
 
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
-        Box::pin(async move {
-            if let Some(token) = self.held.get() {
-                self.held.set(None);
-                self.store
-                    .shedlock()
-                    .release(&self.table, &self.name, &token)
-                    .await
-                    .with_context(|| self.context())?;
-            }
-            Ok(())
-        })
+        Box::pin(self.tenure.release(move |hold| async move {
+            self.store
+                .shedlock()
+                .release(&self.table, self.name(), &hold.token)
+                .await
+                .with_context(|| self.context())
+        }))
     }
 
     fn wait_turn(&self, max: Duration) -> BoxFuture<'_, ()> {
         // ShedLock publishes nothing: poll.
-        Box::pin(tokio::time::sleep(poll_every(self.ttl).min(max)))
+        Box::pin(tokio::time::sleep(poll_every(self.ttl()).min(max)))
     }
 
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>> {

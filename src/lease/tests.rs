@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::{Grant, Keeper, Lease, LeaseState, drift};
+use super::{Grant, Keeper, Lease, LeaseState, Tenure, drift};
 use crate::BoxFuture;
 use crate::store::LeaseTable;
 
@@ -26,7 +26,8 @@ enum Renew {
 
 /// A lease backend that does what the test says.
 struct Scripted {
-    ttl: Duration,
+    /// The name (`test`) and ttl; the holder is scripted (see [`Lease::holder`] below).
+    tenure: Tenure,
     /// Whether an acquire succeeds now.
     free: AtomicBool,
     renew: Mutex<Renew>,
@@ -40,7 +41,7 @@ struct Scripted {
 impl Scripted {
     fn new(ttl: Duration) -> Arc<Scripted> {
         Arc::new(Scripted {
-            ttl,
+            tenure: Tenure::new("test", "h", ttl),
             free: AtomicBool::new(true),
             renew: Mutex::new(Renew::Ok),
             renewals: Mutex::new(Vec::new()),
@@ -61,16 +62,13 @@ impl Scripted {
 }
 
 impl Lease for Scripted {
-    fn name(&self) -> &str {
-        "test"
+    fn tenure(&self) -> &Tenure {
+        &self.tenure
     }
 
+    /// `h<n>` for the n-th acquisition: a fresh holder each time, as every backend's is.
     fn holder(&self) -> String {
         format!("h{}", self.acquisitions.load(Ordering::SeqCst))
-    }
-
-    fn ttl(&self) -> Duration {
-        self.ttl
     }
 
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {

@@ -202,3 +202,14 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
         ))
     })
 }
+
+/// A vendor's answer as [`exchange`] reads it: `status` and `body`, no `Retry-After`; for the
+/// answer-reading tests of both vendors (`nhn.rs`, `solapi.rs`).
+#[cfg(test)]
+fn reply(status: u16, body: &str) -> Reply {
+    Reply {
+        status,
+        retry_after: None,
+        body: body.as_bytes().to_vec(),
+    }
+}

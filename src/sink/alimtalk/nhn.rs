@@ -212,14 +212,7 @@ pub fn interpret(reply: &Reply) -> Verdict {
 mod tests {
     use super::*;
     use crate::sink::Outcome;
-
-    fn reply(status: u16, body: &str) -> Reply {
-        Reply {
-            status,
-            retry_after: None,
-            body: body.as_bytes().to_vec(),
-        }
-    }
+    use crate::sink::alimtalk::reply;
 
     #[test]
     fn success_needs_the_header_and_every_result() {

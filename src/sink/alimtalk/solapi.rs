@@ -237,6 +237,7 @@ pub fn interpret(reply: &Reply) -> Verdict {
 mod tests {
     use super::*;
     use crate::sink::Outcome;
+    use crate::sink::alimtalk::reply;
 
     /// Solapi's documented signature example: key `test-key`, secret `test-secret`.
     #[test]
@@ -264,14 +265,6 @@ mod tests {
         assert_eq!(iso8601(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400 + 3661);
         assert_eq!(iso8601(leap), "2000-02-29T01:01:01.000Z");
-    }
-
-    fn reply(status: u16, body: &str) -> Reply {
-        Reply {
-            status,
-            retry_after: None,
-            body: body.as_bytes().to_vec(),
-        }
     }
 
     #[test]
