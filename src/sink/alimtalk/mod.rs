@@ -43,6 +43,9 @@ pub(crate) use super::snippet;
 use super::{ANSWER_BYTES, Delivery, Outcome, Reply, Sink, describe_send_error, read_reply};
 use crate::BoxFuture;
 
+/// A vendor request's body for one row, or why the row cannot be sent (it fails).
+pub type Body = Result<Vec<u8>, String>;
+
 /// Delivers rows to one vendor account.
 pub struct AlimtalkSink {
     /// The sink's configured name (for logs).

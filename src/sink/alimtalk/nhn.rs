@@ -24,7 +24,7 @@ use super::classify::{self, Class};
 use super::config::NhnKeys;
 use super::idempotency::IdempotencyKeys;
 use super::payload::{Fallback, TemplateMessage};
-use super::{Reply, Verdict, snippet};
+use super::{Body, Reply, Verdict, snippet};
 use crate::sink::Delivery;
 
 /// One NHN Cloud AlimTalk service.
@@ -100,12 +100,7 @@ impl Nhn {
     }
 
     /// The request body for one row.
-    pub fn body(
-        &self,
-        d: &Delivery,
-        msg: &TemplateMessage,
-        phone: &str,
-    ) -> Result<Vec<u8>, String> {
+    pub fn body(&self, d: &Delivery, msg: &TemplateMessage, phone: &str) -> Body {
         let grouping = format!("{}{}", self.key_prefix, d.id);
         let mut recipient = Map::new();
         recipient.insert("recipientNo".into(), json!(phone));

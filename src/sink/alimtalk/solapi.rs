@@ -24,7 +24,7 @@ use sha2::Sha256;
 use super::classify;
 use super::config::SolapiKeys;
 use super::payload::{Fallback, TemplateMessage};
-use super::{Reply, Verdict, snippet};
+use super::{Body, Reply, Verdict, snippet};
 use crate::config::Secret;
 use crate::sink::Delivery;
 
@@ -122,12 +122,7 @@ impl Solapi {
     }
 
     /// The request body for one row.
-    pub fn body(
-        &self,
-        d: &Delivery,
-        msg: &TemplateMessage,
-        phone: &str,
-    ) -> Result<Vec<u8>, String> {
+    pub fn body(&self, d: &Delivery, msg: &TemplateMessage, phone: &str) -> Body {
         let variables: Map<String, Value> = msg
             .parameters
             .iter()
