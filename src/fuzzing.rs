@@ -150,6 +150,7 @@ pub fn alimtalk(data: &[u8]) {
         recipient: recipient.clone(),
         payload: text(f[1]),
         attempts: 0,
+        trace: None,
     };
     let (nhn, solapi) = vendors();
     if let (Ok(msg), Ok(phone)) = (
@@ -325,6 +326,7 @@ pub fn row_decode(data: &[u8]) {
         Err(_) => return,
     };
     let req = ClaimRequest {
+        trace: false,
         limit: 1,
         ttl: Duration::from_secs(60),
         claimer: "fuzz".into(),

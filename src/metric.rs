@@ -44,6 +44,10 @@ pub const ROWS: &str = "outbox_relay_rows";
 pub const OLDEST_PENDING: &str = "outbox_relay_oldest_pending_seconds";
 /// Ordering keys with rows held back behind an unfinished earlier row (sampled).
 pub const ORDERING_BLOCKED_KEYS: &str = "outbox_relay_ordering_blocked_keys";
+/// Spans of delivery attempts exported to the collector (`[tracing]`).
+pub const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
+/// Spans dropped, labelled `reason` (`queue_full`, `export_failed`, `shutdown`).
+pub const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
 
 /// The outcome labels of [`DELIVERIES`], in the order [`SinkSeries`] keeps their counters.
 pub(crate) const OUTCOMES: [&str; 5] = [
@@ -194,6 +198,16 @@ pub const ALL: &[(&str, Kind, &str)] = &[
         ORDERING_BLOCKED_KEYS,
         Kind::Gauge,
         "Ordering keys with rows held back behind an unfinished earlier row (sampled).",
+    ),
+    (
+        SPANS_EXPORTED,
+        Kind::Counter,
+        "Spans of delivery attempts exported to the OTLP collector (tracing.endpoint).",
+    ),
+    (
+        SPANS_DROPPED,
+        Kind::Counter,
+        "Spans dropped by reason: queue_full (the collector is slow or down; deliveries never wait), export_failed (refused or timed out), shutdown.",
     ),
 ];
 

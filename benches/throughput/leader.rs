@@ -22,6 +22,8 @@ pub(crate) struct RunConfig {
     pub(crate) pg_options: Option<(&'static str, &'static str)>,
     /// The backlog's ordering keys and payload size.
     pub(crate) rows: Rows,
+    /// `[tracing]` on, exporting to a loopback collector (`trace_overhead.rs`).
+    pub(crate) tracing: bool,
 }
 
 impl RunConfig {
@@ -33,6 +35,7 @@ impl RunConfig {
             analyze: true,
             pg_options: None,
             rows: Rows::default(),
+            tracing: false,
         }
     }
 }
@@ -94,6 +97,7 @@ pub(crate) async fn relay_run_on(
         analyze,
         pg_options,
         rows,
+        tracing,
     } = config;
     prepare_table(url, table, n, analyze, rows).await?;
     let relay_url = with_pg_options(url, pg_options.map(|(_, options)| options));
@@ -109,6 +113,14 @@ pub(crate) async fn relay_run_on(
     // max_in_flight says.
     if let Some(c) = sink_concurrency {
         cfg = cfg.hook(|s| s.concurrency(c));
+    }
+    // Kept until the run ends: the relay exports to it.
+    let collector = match tracing {
+        true => Some(support::otlp::Collector::start().await),
+        false => None,
+    };
+    if let Some(c) = &collector {
+        cfg = cfg.sections(&format!("[tracing]\nendpoint = \"{}\"\n", c.endpoint()));
     }
     let shutdown = CancellationToken::new();
     let (relay, store, _) =
@@ -369,8 +381,9 @@ pub(crate) fn relay_config(r: &RelayRun) -> String {
         .pg_options
         .map(|(label, _)| format!(" {label}"))
         .unwrap_or_default();
+    let tracing = if c.tracing { " tracing" } else { "" };
     format!(
-        "batch {:>4} in_flight {:>4} {sink}{stats}{keys}{payload}{options}",
+        "batch {:>4} in_flight {:>4} {sink}{stats}{keys}{payload}{options}{tracing}",
         c.batch_size, c.max_in_flight
     )
 }
@@ -436,6 +449,7 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             }
         }
     }
+    tracing_overhead(&mut s, &url, receiver, main_rows).await;
     s
 }
 
@@ -471,7 +485,7 @@ async fn main_run(s: &mut Section, url: &str, receiver: &Receiver, main_rows: us
 }
 
 /// The relay's default `batch_size` and `max_in_flight`.
-fn relay_defaults() -> (u32, u32) {
+pub(crate) fn relay_defaults() -> (u32, u32) {
     let defaults = outbox_relay::config::RelaySettings::default();
     (defaults.batch_size, defaults.max_in_flight)
 }

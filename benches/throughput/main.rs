@@ -86,6 +86,7 @@ mod report;
 #[allow(dead_code, unused_macros)]
 #[path = "../../tests/it/support/mod.rs"]
 mod support;
+mod trace_overhead;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -112,6 +113,7 @@ use memory::*;
 use references::*;
 use support::Db;
 use support::config::Config;
+use trace_overhead::*;
 
 /// A relay assembled in this process as `outbox-relay run` assembles it (`relay::assemble`:
 /// its arrival watcher, and its lease, none unless `config` asks for one), without HTTP

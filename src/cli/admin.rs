@@ -5,6 +5,8 @@ use std::sync::Arc;
 use super::{CliError, PurgeStatus, say};
 use crate::config::{Settings, duration};
 use crate::housekeeping;
+use crate::sink::TraceContext;
+use crate::sink::trace::TRACESTATE_MAX;
 use crate::store::{self, Finished, NewRow, Requeue, SqlStore};
 
 /// Opens the store. The embedded SQLite default is also migrated, so `enqueue` and `status`
@@ -114,29 +116,42 @@ nothing was changed",
 
 pub(super) async fn enqueue(
     settings: &Settings,
-    channel: String,
-    recipient: Option<String>,
-    payload: String,
-    ordering_key: Option<String>,
+    row: NewRow,
+    traceparent: Option<String>,
+    tracestate: Option<String>,
 ) -> Result<(), CliError> {
-    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&payload) {
+    if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&row.payload) {
         return Err(CliError::Usage(format!("--payload is not valid JSON: {e}")));
     }
-    if !settings.sinks.contains_key(&channel) {
+    // A person typed it: refused here, where a relay would ignore it (docs/tracing.md).
+    let trace = match &traceparent {
+        Some(tp) => match TraceContext::parse(tp, tracestate.as_deref()) {
+            Some(t) if tracestate.is_none() || t.state == tracestate => Some(t),
+            Some(_) => {
+                return Err(CliError::Usage(format!(
+                    "--tracestate is not a W3C tracestate of at most {TRACESTATE_MAX} characters"
+                )));
+            }
+            None => {
+                return Err(CliError::Usage(
+                    "--traceparent is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)".into(),
+                ));
+            }
+        },
+        None => None,
+    };
+    if !settings.sinks.contains_key(&row.channel) {
         eprintln!(
-            "warning: no sink named \"{channel}\" is configured here; a relay with this \
-             configuration would mark the row FAILED"
+            "warning: no sink named \"{}\" is configured here; a relay with this \
+             configuration would mark the row FAILED",
+            row.channel
         );
     }
     let store = open(settings).await?;
-    let id = store
-        .enqueue(&NewRow {
-            channel,
-            recipient,
-            payload,
-            ordering_key,
-        })
-        .await?;
+    let id = match &trace {
+        Some(t) => store.enqueue_traced(&row, t).await?,
+        None => store.enqueue(&row).await?,
+    };
     say!("enqueued row {id}");
     Ok(())
 }
@@ -353,6 +368,8 @@ pub(super) async fn check_config(s: &Settings) -> Result<(), CliError> {
         ),
         None => say!("console: off"),
     }
+    // Without secrets: the endpoint's credentials masked, the headers by name.
+    say!("{}", s.tracing.describe());
     for (name, spec) in &s.sinks {
         let retry = spec.common.retry_policy(&s.retry);
         say!(

@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 use crate::config::{ConfigError, Settings};
 use crate::sink::SinkSpec;
+use crate::store::NewRow;
 
 /// outbox-relay: delivers transactional-outbox rows to webhooks, FCM and Kakao Alimtalk,
 /// exactly as often as it must.
@@ -56,6 +57,13 @@ pub enum Command {
         /// Rows with the same key are delivered one at a time, in insertion order.
         #[arg(long)]
         ordering_key: Option<String>,
+        /// The writer's W3C trace context (`00-<trace id>-<span id>-<flags>`): the delivery's
+        /// span is its child (docs/tracing.md).
+        #[arg(long)]
+        traceparent: Option<String>,
+        /// The W3C `tracestate` that goes with --traceparent.
+        #[arg(long, requires = "traceparent")]
+        tracestate: Option<String>,
     },
     /// Show row counts per status and channel, the oldest pending age, the lease holder and
     /// live claims.
@@ -180,7 +188,17 @@ pub async fn execute(cli: Cli) -> Result<(), CliError> {
             recipient,
             payload,
             ordering_key,
-        } => admin::enqueue(&settings, channel, recipient, payload, ordering_key).await,
+            traceparent,
+            tracestate,
+        } => {
+            let row = NewRow {
+                channel,
+                recipient,
+                payload,
+                ordering_key,
+            };
+            admin::enqueue(&settings, row, traceparent, tracestate).await
+        }
         Command::Status => admin::status(&settings).await,
         Command::Failed { limit, channel } => admin::failed(&settings, limit, channel).await,
         Command::Requeue {

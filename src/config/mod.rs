@@ -8,7 +8,7 @@
 //! - settings that cannot be safe (G7 in docs/design.md) are refused here, before anything starts;
 //! - an unknown key is refused wherever it is (a section, `[table.*]`, an inline table such as
 //!   a `payload_object` entry, a sink's table), by its full path, from the file and from the
-//!   environment alike; only a webhook's `headers` take any name;
+//!   environment alike; only a webhook's `headers` and `tracing.headers` take any name;
 //! - every value can come from the environment, where all are strings: each key reads its kind
 //!   from a string (`number`, `duration`, comma-separated lists, `status` for the status
 //!   codes), and a number outside its key's range is refused with the range (`number`; the
@@ -19,6 +19,7 @@ pub mod duration;
 mod error;
 mod file;
 pub mod number;
+mod otel;
 mod payload;
 mod secret;
 mod sinks;
@@ -34,9 +35,10 @@ use number::{U32_MAX, flag, int};
 use serde::Deserialize;
 
 pub use error::ConfigError;
+pub use otel::TracingSettings;
 pub use payload::PayloadValue;
 use secret::secret_list;
-pub use secret::{Secret, redact_url};
+pub use secret::{Secret, check_headers, redact_url};
 pub use sinks::{DEFAULT_CONCURRENCY, SinkCommon, SinkSettings};
 pub use status::{Code, Codes, StatusSettings};
 pub use table::{ColumnSettings, RESERVED, TableSettings};
@@ -62,6 +64,8 @@ pub struct Settings {
     pub console: Option<ConsoleSettings>,
     /// `[table]`: how an existing table's columns map to the relay's (empty: the relay's own).
     pub table: TableSettings,
+    /// `[tracing]`: trace propagation and span export (off without `tracing.endpoint`).
+    pub tracing: TracingSettings,
     /// Sinks by name; a row's `channel` names one of them. Their kind's own keys are parsed
     /// by the sink module (`sink::SinkSpec::parse`).
     pub sinks: BTreeMap<String, SinkSettings>,
@@ -406,6 +410,7 @@ struct RawSettings {
     retention: RetentionSettings,
     console: Option<ConsoleSettings>,
     table: TableSettings,
+    tracing: TracingSettings,
     sinks: BTreeMap<String, config::Value>,
 }
 
@@ -528,6 +533,7 @@ impl Settings {
             retention: raw.retention,
             console,
             table: raw.table,
+            tracing: raw.tracing,
             sinks,
             source: file,
         };

@@ -40,6 +40,25 @@ impl<'de> Deserialize<'de> for Secret {
     }
 }
 
+/// Refuses a header of an open `headers` table (a webhook's, `tracing.headers`) that HTTP
+/// cannot carry, naming it (`<key>.<name>`) but never its value.
+pub fn check_headers(
+    key: &str,
+    headers: &std::collections::BTreeMap<String, Secret>,
+) -> Result<(), super::ConfigError> {
+    for (name, value) in headers {
+        if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || reqwest::header::HeaderValue::from_str(value.expose()).is_err()
+        {
+            return Err(super::ConfigError::new(
+                format!("{key}.{name}"),
+                "is not a valid HTTP header",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// A list of secrets from a TOML array or from one comma-separated string: the environment
 /// source reads values as strings (`try_parsing(false)`), so its list splitting never applies.
 pub(super) fn secret_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Secret>, D::Error> {

@@ -54,6 +54,10 @@ pub struct ColumnSettings {
     pub ordering_key: Option<String>,
     pub updated_at: Option<String>,
     pub sent_at: Option<String>,
+    /// The writer's W3C `traceparent` (docs/tracing.md); read only with `[tracing]` on.
+    pub traceparent: Option<String>,
+    /// The writer's W3C `tracestate`; read only with `[tracing]` on.
+    pub tracestate: Option<String>,
 }
 
 impl TableSettings {
@@ -77,6 +81,8 @@ impl TableSettings {
                 &c.ordering_key,
                 &c.updated_at,
                 &c.sent_at,
+                &c.traceparent,
+                &c.tracestate,
             ]
             .iter()
             .any(|v| v.is_some())
@@ -114,6 +120,8 @@ impl TableSettings {
             ("ordering_key", &c.ordering_key),
             ("updated_at", &c.updated_at),
             ("sent_at", &c.sent_at),
+            ("traceparent", &c.traceparent),
+            ("tracestate", &c.tracestate),
         ];
         for (key, v) in named {
             if let Some(name) = v {

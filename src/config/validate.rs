@@ -17,6 +17,7 @@ pub(super) fn validate(s: &Settings) -> Result<(), ConfigError> {
     validate_relay(s)?;
     let scheme = validate_database(&s.database)?;
     s.table.validate()?;
+    s.tracing.validate()?;
     validate_lease(&s.lease, scheme)?;
     validate_retry("retry", &s.retry)?;
     for (name, spec) in &s.sinks {

@@ -72,6 +72,7 @@ impl ClaimLoop {
             wake: relay.wake.clone(),
             shutdown: relay.shutdown.clone(),
             lease: relay.lease.as_ref().map(|(_, rx)| rx.clone()),
+            tracer: relay.tracer.clone(),
         });
         let full_batch = s.batch_size.min(s.max_in_flight) as usize;
         tracing::info!(
@@ -241,6 +242,7 @@ impl ClaimLoop {
         }
         let s = &self.relay.settings;
         ClaimRequest {
+            trace: self.relay.tracer.is_some(),
             limit: budgets.total(),
             ttl: s.claim_ttl,
             claimer: s.instance_id.clone(),

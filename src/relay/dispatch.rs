@@ -23,6 +23,7 @@ use super::retry;
 use crate::lease::LeaseState;
 use crate::sink::{CONFIG_ERROR_PAUSE, Outcome, SinkHandle, SinkRegistry};
 use crate::store::{ClaimedRow, Completion, Resolution, Undeliverable};
+use crate::telemetry::Tracer;
 
 /// Extra time the relay allows a sink beyond its own timeout before giving up on it.
 const TIMEOUT_GRACE: Duration = Duration::from_secs(1);
@@ -38,6 +39,8 @@ pub struct Dispatcher {
     /// The relay loop's wake-up: a freed slot of a sink whose last claim took its whole
     /// budget means more of its rows can be claimed now.
     pub wake: Arc<Notify>,
+    /// With `[tracing]` on, each send is a span (docs/tracing.md).
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 /// A claimed row and its claim.
@@ -100,7 +103,7 @@ impl Dispatcher {
 
     /// Delivers one row and records its result; true when it was delivered.
     pub async fn deliver(&self, mut job: Job) -> bool {
-        let resolution = self.attempt(&job).await;
+        let resolution = self.attempt(&mut job).await;
         let delivered = resolution == Resolution::Delivered;
         if let Some(sink) = self.sinks.get(&job.row.delivery.channel)
             && sink.hungry.load(Ordering::Relaxed)
@@ -139,7 +142,7 @@ impl Dispatcher {
     }
 
     /// One attempt at a row: what to write for it.
-    async fn attempt(&self, job: &Job) -> Resolution {
+    async fn attempt(&self, job: &mut Job) -> Resolution {
         let sink = match self.route(job) {
             Ok(sink) => sink,
             Err(failed) => return failed,
@@ -225,8 +228,13 @@ impl Dispatcher {
     }
 
     /// Sends the row, records the send's metrics, and acts on what the sink answered (a
-    /// throttle or a configuration error pauses the sink).
-    async fn send(&self, job: &Job, sink: &SinkHandle) -> Outcome {
+    /// throttle or a configuration error pauses the sink). With tracing on, the send is a
+    /// span whose context the request carries (`job`'s delivery holds it from here on).
+    async fn send(&self, job: &mut Job, sink: &SinkHandle) -> Outcome {
+        let span = self
+            .tracer
+            .as_ref()
+            .map(|t| t.begin(&sink.name, sink.kind, &mut job.row.delivery));
         let d = &job.row.delivery;
         let started = Instant::now();
         sink.series.in_flight().increment(1.0);
@@ -234,13 +242,21 @@ impl Dispatcher {
         // before every poll, so a process paused (SIGSTOP, a long GC-like stall of the host)
         // past that point does not hand the request to the connection when it wakes.
         let stop = (started + sink.timeout + TIMEOUT_GRACE).min(job.deadline);
-        let outcome = match before(stop, sink.sink.deliver(d)).await {
+        let send = before(stop, sink.sink.deliver(d));
+        let (sent, answer) = match &span {
+            Some(_) => crate::sink::answered(send).await,
+            None => (send.await, crate::sink::Answer::default()),
+        };
+        let outcome = match sent {
             Some(o) => o,
             None => Outcome::Retry {
                 after: None,
                 reason: format!("timed out after {:?}", sink.timeout),
             },
         };
+        if let Some(span) = span {
+            span.end(&outcome, &answer);
+        }
         sink.series.in_flight().decrement(1.0);
         let took = started.elapsed();
         sink.send_time.record(took);

@@ -40,7 +40,7 @@ use crate::config::RelaySettings;
 use crate::lease::LeaseState;
 use crate::sink::SinkRegistry;
 use crate::store::{Arrivals, Queue};
-use crate::telemetry::Health;
+use crate::telemetry::{Health, Tracer};
 use claim_loop::ClaimLoop;
 
 /// How far ahead a rate-limited sink's budget looks: rows it cannot start within this are
@@ -85,6 +85,9 @@ pub struct Relay {
     pub health: Arc<Health>,
     /// Cancelled on SIGTERM/SIGINT.
     pub shutdown: CancellationToken,
+    /// Spans of delivery attempts, when `[tracing]` is on (docs/tracing.md): claims then
+    /// return each row's trace context, and each send is a span.
+    pub tracer: Option<Arc<Tracer>>,
 }
 
 impl Relay {

@@ -1,6 +1,6 @@
 //! The relay as `outbox-relay run` and the benchmark both assemble it, written once so that
-//! they cannot drift apart: the arrival watcher, the lease (`lease::build`), and the lease's
-//! release after the drain.
+//! they cannot drift apart: the arrival watcher, the lease (`lease::build`), the tracer
+//! (`[tracing]`), and the lease's release and the last spans' export after the drain.
 
 use std::sync::Arc;
 
@@ -12,12 +12,13 @@ use crate::config::Settings;
 use crate::lease::{self, Keeper};
 use crate::sink::SinkRegistry;
 use crate::store::{self, Arrivals, Dialect, SqlStore};
-use crate::telemetry::Health;
+use crate::telemetry::{Health, Tracer};
 
 /// The relay over `store` as `settings` configure it, not yet running, and the keeper of its
 /// lease (see [`Relay::run_then_release`]): its arrival watcher is started and its lease
 /// built and kept. Claims and result writes run on the database thread (see
-/// `store::OnDbThread`). An error is a lease configuration problem (`lease::build`).
+/// `store::OnDbThread`). An error is a lease or tracing configuration problem
+/// (`lease::build`, `Tracer::start`).
 pub fn assemble(
     settings: &Settings,
     store: &Arc<SqlStore>,
@@ -28,6 +29,7 @@ pub fn assemble(
     let wake = Arc::new(Notify::new());
     let arrivals = watch_arrivals(settings, store, wake.clone(), &shutdown);
     let keeper = lease::build(settings, store)?;
+    let tracer = Tracer::start(&settings.tracing)?;
     let relay = Relay {
         store: Arc::new(store::OnDbThread(store.clone())),
         sinks,
@@ -37,6 +39,7 @@ pub fn assemble(
         arrivals,
         health,
         shutdown,
+        tracer,
     };
     Ok((relay, keeper))
 }
@@ -74,16 +77,26 @@ impl Relay {
     /// Runs the loop (see [`Relay::run`]), then releases `keeper`'s lease within the tenth of
     /// `shutdown_timeout` the drain leaves for it (see [`super::shutdown_budget`]): a lease
     /// backend that does not answer must not keep the process past shutdown_timeout (the
-    /// lease then simply expires after its ttl).
+    /// lease then simply expires after its ttl). The spans still queued are exported in the
+    /// same tenth, beside the release (a collector that does not answer loses them).
     pub async fn run_then_release(self, keeper: Option<Keeper>) {
         let release_budget = self.settings.shutdown_timeout / 10;
+        let tracer = self.tracer.clone();
         self.run().await;
-        if let Some(k) = keeper
-            && tokio::time::timeout(release_budget, k.release())
-                .await
-                .is_err()
-        {
-            tracing::warn!("releasing the lease timed out; it will expire after its ttl");
-        }
+        let release = async {
+            if let Some(k) = keeper
+                && tokio::time::timeout(release_budget, k.release())
+                    .await
+                    .is_err()
+            {
+                tracing::warn!("releasing the lease timed out; it will expire after its ttl");
+            }
+        };
+        let flush = async {
+            if let Some(t) = &tracer {
+                t.shutdown(release_budget).await;
+            }
+        };
+        tokio::join!(release, flush);
     }
 }

@@ -16,6 +16,7 @@ mod limits;
 mod log;
 pub mod nats;
 mod spec;
+pub mod trace;
 pub mod webhook;
 
 use std::collections::BTreeMap;
@@ -29,6 +30,7 @@ pub(crate) use http::{
 pub use limits::{MovingAverage, Pause, RateLimiter};
 pub use spec::{SinkKind, SinkSpec};
 use tokio::sync::Semaphore;
+pub use trace::{Answer, TraceContext, answered, note_http_status, note_vendor_code};
 
 use crate::BoxFuture;
 use crate::config::{RetrySettings, Settings};
@@ -43,6 +45,10 @@ pub struct Delivery {
     pub payload: String,
     /// Attempts already made before this one.
     pub attempts: u32,
+    /// The W3C trace context this attempt's request carries (docs/tracing.md): the writer's,
+    /// as claimed, until the relay replaces it with the attempt span's own; `None` when
+    /// tracing is off or the row has none. Sinks whose receivers take it as headers send it.
+    pub trace: Option<TraceContext>,
 }
 
 impl Delivery {
@@ -110,6 +116,9 @@ pub const CONFIG_ERROR_PAUSE: Duration = Duration::from_secs(60);
 pub struct SinkHandle {
     /// The sink's name (the `channel` value it serves).
     pub name: String,
+    /// Its kind as configured (`webhook`, `nats`, ...; `custom` for a handle built around a
+    /// sink of its own): what a traced attempt's span names.
+    pub kind: &'static str,
     pub sink: Arc<dyn Sink>,
     /// Longest one delivery may take.
     pub timeout: Duration,
@@ -151,6 +160,7 @@ impl SinkHandle {
     pub fn new(name: &str, sink: Arc<dyn Sink>, concurrency: u32, retry: RetrySettings) -> Self {
         SinkHandle {
             name: name.to_string(),
+            kind: "custom",
             sink,
             timeout: Duration::from_secs(10),
             retry,
@@ -214,6 +224,7 @@ impl SinkRegistry {
                 spec.common.concurrency,
                 spec.common.retry_policy(&settings.retry),
             );
+            handle.kind = spec.kind.name();
             handle.timeout = spec.common.timeout;
             handle.rate = spec.common.rate_per_sec.map(RateLimiter::new);
             handle.max_payload_bytes = max_payload_bytes;

@@ -34,6 +34,19 @@ pub enum SinkKind {
     Nats(NatsConfig),
 }
 
+impl SinkKind {
+    /// The kind's name as configured (`kind = "..."`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            SinkKind::Log => "log",
+            SinkKind::Webhook(_) => "webhook",
+            SinkKind::Fcm(_) => "fcm",
+            SinkKind::Alimtalk(_) => "alimtalk",
+            SinkKind::Nats(_) => "nats",
+        }
+    }
+}
+
 impl SinkSpec {
     /// Parses a sink's own keys, by its kind.
     pub fn parse(sink: &SinkSettings) -> Result<SinkSpec, ConfigError> {

@@ -55,6 +55,10 @@ pub struct ClaimRequest {
     /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
     /// ignored), so that the claim asks only for what each sink can start now.
     pub budgets: Option<Budgets>,
+    /// Also return each row's trace context (its `traceparent`/`tracestate` columns, where
+    /// the table has them) into [`sink::Delivery::trace`](crate::sink::Delivery): asked
+    /// for only with tracing on, so that otherwise a claim reads what it always read.
+    pub trace: bool,
 }
 
 impl ClaimRequest {

@@ -188,7 +188,17 @@ impl SqlStore {
 
     /// Inserts a row and returns its id (the `enqueue` verb, tests and benchmarks).
     pub async fn enqueue(&self, row: &NewRow) -> anyhow::Result<i64> {
-        verbs::enqueue(&self.db, self.engine, row).await
+        verbs::enqueue(&self.db, self.engine, row, None).await
+    }
+
+    /// [`SqlStore::enqueue`] with the writer's trace context in the `traceparent` and
+    /// `tracestate` columns (`enqueue --traceparent`, tests; docs/tracing.md).
+    pub async fn enqueue_traced(
+        &self,
+        row: &NewRow,
+        trace: &crate::sink::TraceContext,
+    ) -> anyhow::Result<i64> {
+        verbs::enqueue(&self.db, self.engine, row, Some(trace)).await
     }
 }
 

@@ -1,6 +1,8 @@
-//! Logs, metrics and health. Metric names are defined once, in [`crate::metric`].
+//! Logs, metrics, health and the spans of delivery attempts ([`Tracer`], docs/tracing.md).
+//! Metric names are defined once, in [`crate::metric`].
 
 mod http;
+mod spans;
 
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::prelude::*;
 
 pub use http::serve;
+pub use spans::{Attempt, Tracer};
 
 use crate::config::{LogFormat, LogSettings};
 use crate::metric;

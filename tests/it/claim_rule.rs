@@ -108,6 +108,7 @@ impl Model {
 
 fn request(budget: u32, newest: bool) -> ClaimRequest {
     ClaimRequest {
+        trace: false,
         limit: budget * CHANNELS.len() as u32,
         // Long: claims run out only when a step expires them.
         ttl: Duration::from_secs(600),

@@ -6,7 +6,8 @@
 //! Modules by subject: the store and its SQL ([`store`], [`timezones`], [`pool`]), leases ([`lease`],
 //! [`redis_lease`], [`redlock_lease`], the Java pollers' locks [`java_locks`]), delivery end to end ([`delivery`], [`claim_mode`],
 //! [`bad_input`], [`memory`], [`idle`]), the vendors ([`fcm`], [`alimtalk`], [`nats`]), and operating it
-//! ([`config`], [`admin`], [`http`], [`console`], which also drives a real browser).
+//! ([`config`], [`admin`], [`http`], [`console`], which also drives a real browser), and
+//! tracing: spans exported to a loopback OTLP collector ([`tracing`]).
 
 #[macro_use]
 mod support;
@@ -36,3 +37,4 @@ mod redis_lease;
 mod redlock_lease;
 mod store;
 mod timezones;
+mod tracing;

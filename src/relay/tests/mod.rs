@@ -129,6 +129,7 @@ impl Queue for MemQueue {
                         recipient: None,
                         payload: "{}".into(),
                         attempts: row.attempts,
+                        trace: None,
                     },
                     ordering_key: row.key.clone(),
                     age_at_claim: Duration::ZERO,
@@ -268,6 +269,7 @@ fn relay(
         wake,
         health: Arc::new(Health::default()),
         shutdown: shutdown.clone(),
+        tracer: None,
     };
     (relay, shutdown)
 }

@@ -111,6 +111,7 @@ mod tests {
             recipient: Some("01012345678".into()),
             payload: String::new(),
             attempts,
+            trace: None,
         }
     }
 

@@ -198,6 +198,7 @@ async fn exchange(req: reqwest::RequestBuilder) -> Result<Reply, Verdict> {
             ))
         }
     })?;
+    super::note_http_status(resp.status().as_u16());
     read_reply(resp, ANSWER_BYTES).await.map_err(|(status, e)| {
         Verdict::Unknown(format!(
             "HTTP {status} but its body was lost ({})",

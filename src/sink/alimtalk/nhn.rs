@@ -192,6 +192,7 @@ pub fn interpret(reply: &Reply) -> Verdict {
         }
         None => (header.result_code, header.result_message.as_deref()),
     };
+    crate::sink::note_vendor_code(&code.to_string());
     let class = classify::nhn(code);
     if class == Class::AlreadySubmitted {
         tracing::info!(

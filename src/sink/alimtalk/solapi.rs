@@ -187,6 +187,7 @@ pub fn interpret(reply: &Reply) -> Verdict {
     let ok = (200..300).contains(&reply.status);
     if let Some(r) = &parsed {
         if let Some(code) = &r.status_code {
+            crate::sink::note_vendor_code(code);
             let detail = format!(
                 "Solapi {code}: {}",
                 snippet(r.status_message.as_deref().unwrap_or(""))

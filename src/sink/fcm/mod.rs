@@ -98,8 +98,12 @@ impl FcmSink {
         } else {
             answer
         };
+        super::note_http_status(answer.status);
         if (200..300).contains(&answer.status) {
             return Outcome::Delivered;
+        }
+        if let Some(code) = ErrorBody::parse(&text(&answer)).fcm_code() {
+            super::note_vendor_code(code);
         }
         classify(answer.status, answer.retry_after.as_deref(), &text(&answer))
     }

@@ -183,6 +183,14 @@ impl Inner {
         if let Some(stream) = &self.cfg.stream {
             headers.insert(header::NATS_EXPECTED_STREAM, stream.as_str());
         }
+        // The attempt span's W3C context as message headers, where consumers that trace read
+        // it (docs/tracing.md).
+        if let Some(trace) = &d.trace {
+            headers.insert(crate::sink::trace::TRACEPARENT, trace.traceparent());
+            if let Some(state) = &trace.state {
+                headers.insert(crate::sink::trace::TRACESTATE, state.as_str());
+            }
+        }
         let message = PublishMessage::build()
             .payload(d.payload.clone().into())
             .headers(headers);
@@ -211,11 +219,14 @@ impl Inner {
                 detail: e.to_string(),
             },
             _ => match api_error(e) {
-                Some((status, code, description)) => Attempt::Refused {
-                    status,
-                    code,
-                    description,
-                },
+                Some((status, code, description)) => {
+                    crate::sink::note_vendor_code(&code.to_string());
+                    Attempt::Refused {
+                        status,
+                        code,
+                        description,
+                    }
+                }
                 None => Attempt::Other(e.to_string()),
             },
         }

@@ -75,16 +75,7 @@ impl WebhookConfig {
                 ));
             }
         }
-        for (name, value) in &cfg.headers {
-            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err()
-                || reqwest::header::HeaderValue::from_str(value.expose()).is_err()
-            {
-                return Err(ConfigError::new(
-                    format!("{prefix}.headers.{name}"),
-                    "is not a valid HTTP header",
-                ));
-            }
-        }
+        crate::config::check_headers(&format!("{prefix}.headers"), &cfg.headers)?;
         Ok(cfg)
     }
 }

@@ -4,7 +4,8 @@
 //! Guarantees: the body sent is exactly the stored payload (so the signature covers what the
 //! receiver reads); `webhook-id` and `Idempotency-Key` are the row id on every attempt; the
 //! signature is recomputed per attempt with a fresh `webhook-timestamp`; the secret never
-//! appears in an outcome or a log line.
+//! appears in an outcome or a log line; a traced attempt carries its span's `traceparent` and
+//! `tracestate` (docs/tracing.md).
 
 mod classify;
 mod config;
@@ -25,6 +26,8 @@ const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
 const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
 const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const TRACEPARENT: HeaderName = HeaderName::from_static(super::trace::TRACEPARENT);
+const TRACESTATE: HeaderName = HeaderName::from_static(super::trace::TRACESTATE);
 
 /// Most bytes of an error response read: enough for its snippet, never the whole body.
 const ERROR_BODY_BYTES: usize = 4 * 1024;
@@ -116,6 +119,16 @@ impl WebhookSink {
                 }
             };
         }
+        // The attempt span's W3C context, so the receiver's own spans join the writer's trace
+        // (docs/tracing.md). Checked values (hex and printable ASCII), never refused here.
+        if let Some(trace) = &d.trace {
+            if let Ok(v) = HeaderValue::try_from(trace.traceparent()) {
+                headers.append(TRACEPARENT, v);
+            }
+            if let Some(Ok(v)) = trace.state.as_deref().map(HeaderValue::from_str) {
+                headers.append(TRACESTATE, v);
+            }
+        }
         let mut req = reqwest::Request::new(reqwest::Method::POST, self.url.clone());
         *req.headers_mut() = headers;
         *req.body_mut() = Some(d.payload.clone().into());
@@ -130,6 +143,7 @@ impl WebhookSink {
             }
         };
         let status = resp.status().as_u16();
+        super::note_http_status(status);
         if resp.status().is_success() {
             return Outcome::Delivered;
         }

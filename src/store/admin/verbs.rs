@@ -13,6 +13,7 @@ use sqlx::Row;
 
 use super::console::failed_condition;
 use super::{AdminSql, NO_AGE};
+use crate::sink::TraceContext;
 use crate::store::db::Db;
 use crate::store::fault::is_transient;
 use crate::store::model::{FailedFilter, Finished, NewRow, Requeue, RequeueReport};
@@ -23,14 +24,26 @@ const REQUEUE_BATCH: i64 = 1000;
 
 /// Inserts a row into the relay's own table and returns its id (the `enqueue` verb, tests
 /// and benchmarks).
-pub async fn enqueue(db: &Db, sql: &dyn AdminSql, row: &NewRow) -> anyhow::Result<i64> {
+pub async fn enqueue(
+    db: &Db,
+    sql: &dyn AdminSql,
+    row: &NewRow,
+    trace: Option<&TraceContext>,
+) -> anyhow::Result<i64> {
     anyhow::ensure!(
         !db.cols().mapped,
         "enqueue writes the relay's own table; a table mapped by [table] is written by its \
          application"
     );
+    // The trace columns are named only when given, so that a row without them inserts into
+    // a table of any schema version.
+    let traced = if trace.is_some() {
+        ", traceparent, tracestate"
+    } else {
+        ""
+    };
     let mut q = Sql::new(&format!(
-        "INSERT INTO {} (channel, recipient, payload, ordering_key) VALUES (",
+        "INSERT INTO {} (channel, recipient, payload, ordering_key{traced}) VALUES (",
         db.table()
     ));
     q.text(&row.channel)
@@ -39,8 +52,14 @@ pub async fn enqueue(db: &Db, sql: &dyn AdminSql, row: &NewRow) -> anyhow::Resul
         .push(", ");
     q.payload(db.syntax(), &row.payload)
         .push(", ")
-        .opt_text(row.ordering_key.clone())
-        .push(")");
+        .opt_text(row.ordering_key.clone());
+    if let Some(t) = trace {
+        q.push(", ")
+            .text(&t.traceparent())
+            .push(", ")
+            .opt_text(t.state.clone());
+    }
+    q.push(")");
     sql.insert(db, q).await
 }
 

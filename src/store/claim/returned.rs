@@ -5,14 +5,17 @@
 //! Guarantees: a row whose columns cannot be decoded, or whose payload is over the limit,
 //! comes back [`ClaimedRow::undeliverable`] (naming the column) instead of failing the claim of
 //! its neighbours; a payload over the limit is never loaded (the select list returns NULL in
-//! its place, with its length beside it).
+//! its place, with its length beside it). The trace columns are in the list only when the
+//! claim asks for them and the table has them ([`TRACE_COLUMNS`], after [`Col::ALL`]), and a
+//! value in them that cannot be read or is no valid context is none: it never fails a row
+//! (docs/tracing.md).
 
 use std::time::Duration;
 
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::sink::Delivery;
+use crate::sink::{Delivery, TraceContext};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, ClaimedRow, Undeliverable};
 
@@ -61,12 +64,17 @@ pub fn select_list(db: &Db, alias: &str, req: &ClaimRequest) -> String {
             d.storage_classes(&typed, &[c(&cols.next_attempt_at)])
         }
     };
-    Col::ALL
-        .iter()
-        .map(|col| expr(*col))
-        .collect::<Vec<_>>()
-        .join(", ")
+    let mut list = Col::ALL.iter().map(|col| expr(*col)).collect::<Vec<_>>();
+    if req.trace && (cols.traceparent.is_some() || cols.tracestate.is_some()) {
+        list.push(d.claim_text(&cols.text_or_null(alias, &cols.traceparent, d)));
+        list.push(d.claim_text(&cols.text_or_null(alias, &cols.tracestate, d)));
+    }
+    list.join(", ")
 }
+
+/// The trace columns a claim that asks for them returns after [`Col::ALL`]: `traceparent`,
+/// `tracestate`.
+pub const TRACE_COLUMNS: usize = 2;
 
 /// What a claim returns, in select-list order: [`select_list`] writes one
 /// expression per variant and [`to_claimed`] reads each by [`Col::at`], so the two cannot
@@ -205,6 +213,7 @@ pub fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow
             String::new()
         }
     };
+    let trace = trace_context(row);
     let undeliverable = if !defects.is_empty() {
         Some(Undeliverable::Unreadable(defects.join("; ")))
     } else {
@@ -217,11 +226,24 @@ pub fn to_claimed(row: &AnyRow, req: &ClaimRequest) -> anyhow::Result<ClaimedRow
             recipient,
             payload,
             attempts: attempts.clamp(0, u32::MAX as i64) as u32,
+            trace,
         },
         ordering_key,
         age_at_claim: Duration::from_millis(age_ms.max(0) as u64),
         undeliverable,
     })
+}
+
+/// The row's trace context, when the claim returned the trace columns: none when they are
+/// NULL, unreadable or not a valid `traceparent` (a fresh trace, never a failed row).
+fn trace_context(row: &AnyRow) -> Option<TraceContext> {
+    let at = Col::ALL.len();
+    if row.len() < at + TRACE_COLUMNS {
+        return None;
+    }
+    let traceparent = text_value(row, at).ok().flatten()?;
+    let tracestate = text_value(row, at + 1).ok().flatten();
+    TraceContext::parse(&traceparent, tracestate.as_deref())
 }
 
 /// A text column of a claim (text on PostgreSQL, bytes elsewhere), as a checked `String`.

@@ -57,6 +57,7 @@ impl SchemaSql for MySql {
                 5 => add_open_columns(conn, table).await,
                 6 => add_index(conn, table, "failed_idx", "status, id").await,
                 8 | 9 => slim_indexes(conn, table).await,
+                12 => add_trace_columns(conn, table).await,
                 _ => Ok(()),
             }
         })
@@ -338,6 +339,26 @@ async fn add_open_columns(conn: &mut Conn, table: &str) -> anyhow::Result<()> {
             )))
             .await?;
         }
+    }
+    Ok(())
+}
+
+/// Schema version 12: the writer's W3C trace context (docs/tracing.md), NULLable (an instant
+/// change on MariaDB 10.3+ and MySQL 8.0.29+). As wide as W3C makes them: a version-00
+/// `traceparent` is 55 characters, and 512 of `tracestate` are what W3C asks to propagate.
+async fn add_trace_columns(conn: &mut Conn, table: &str) -> anyhow::Result<()> {
+    let mut adds = Vec::new();
+    for (column, ty) in [
+        ("traceparent", "VARCHAR(55)"),
+        ("tracestate", "VARCHAR(512)"),
+    ] {
+        if !column_exists(conn, table, column).await? {
+            adds.push(format!("ADD COLUMN {column} {ty} NULL"));
+        }
+    }
+    if !adds.is_empty() {
+        let alter = format!("ALTER TABLE {table} {}", adds.join(", "));
+        conn.execute(sqlx::AssertSqlSafe(alter)).await?;
     }
     Ok(())
 }

@@ -54,6 +54,12 @@ impl SchemaSql for Postgres {
             // so 40% leaves room for all of them for payloads from about 80 bytes up
             // (docs/design.md, "HOT claims"). Pages written from now on; nothing is rewritten.
             7 => vec![format!("ALTER TABLE {t} SET (fillfactor = 40)")],
+            // The writer's W3C trace context (docs/tracing.md): NULLable, no default, so the
+            // change is instant and the application's inserts are untouched.
+            12 => vec![format!(
+                "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS traceparent TEXT NULL, \
+                 ADD COLUMN IF NOT EXISTS tracestate TEXT NULL"
+            )],
             _ => Vec::new(),
         }
     }

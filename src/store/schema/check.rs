@@ -153,6 +153,15 @@ impl Check<'_> {
         if let Some(e) = &c.last_error {
             self.want("table.columns.last_error", e, &[Text], "text");
         }
+        // The writer's trace context (docs/tracing.md): read as text, so any text column.
+        for (key, col) in [
+            ("table.columns.traceparent", &c.traceparent),
+            ("table.columns.tracestate", &c.tracestate),
+        ] {
+            if let Some(col) = col {
+                self.want(key, col, &[Text], "text (a W3C trace context)");
+            }
+        }
         for (key, col) in [
             ("table.columns.created_at", &c.created_at),
             ("table.columns.updated_at", &c.updated_at),

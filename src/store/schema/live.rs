@@ -123,8 +123,8 @@ pub async fn table_names(db: &Db, sql: &dyn SchemaSql) -> anyhow::Result<Vec<Str
 }
 
 /// The server's type of every mapped column the relay reads as text or writes expressions
-/// over (the payload object's, the recipient, the ordering key, the channel, the status), by
-/// its SQL form: what [`Db::with_types`] takes.
+/// over (the payload object's, the recipient, the ordering key, the trace columns, the
+/// channel, the status), by its SQL form: what [`Db::with_types`] takes.
 pub fn text_types(db: &Db, sql: &dyn SchemaSql, live: &[LiveColumn]) -> BTreeMap<String, LiveType> {
     let c = db.cols();
     let mut read: Vec<String> = c
@@ -135,6 +135,8 @@ pub fn text_types(db: &Db, sql: &dyn SchemaSql, live: &[LiveColumn]) -> BTreeMap
         .collect();
     read.extend(c.recipient.iter().cloned());
     read.extend(c.ordering_key.iter().cloned());
+    read.extend(c.traceparent.iter().cloned());
+    read.extend(c.tracestate.iter().cloned());
     read.extend(c.channel_column().map(str::to_string));
     read.push(c.status.clone());
     read.into_iter()

@@ -12,7 +12,7 @@ use crate::store::db::Db;
 use crate::store::sql::Sql;
 
 /// The newest schema version this build knows.
-pub const LATEST: i64 = 11;
+pub const LATEST: i64 = 12;
 
 /// Beside a mapped table (docs/adopting-a-table.md): only the lease table. The table itself
 /// is the application's; `migrate --adopt` adds the relay's columns to it, on request.

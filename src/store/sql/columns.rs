@@ -70,6 +70,10 @@ pub struct Columns {
     pub ordering_key: Option<String>,
     pub updated_at: Option<String>,
     pub sent_at: String,
+    /// The writer's W3C trace context (docs/tracing.md): claimed only when a claim asks for
+    /// it (`ClaimRequest::trace`, tracing on), so a claim without it reads nothing more.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
     /// SQL literals per state; the first is the one written.
     codes: [Vec<String>; 4],
     /// The values per state as configured (for the live check).
@@ -112,6 +116,8 @@ impl Default for Columns {
             ordering_key: Some(own("ordering_key")),
             updated_at: Some(own("updated_at")),
             sent_at: own("sent_at"),
+            traceparent: Some(own("traceparent")),
+            tracestate: Some(own("tracestate")),
             codes: State::ALL.map(|s| vec![sql_string(s.name())]),
             values: State::ALL.map(|s| vec![Code::Text(s.name().into())]),
             types: BTreeMap::new(),
@@ -172,6 +178,9 @@ impl Columns {
             ordering_key: c.ordering_key.clone(),
             updated_at: c.updated_at.clone(),
             sent_at: c.sent_at.clone().unwrap_or_else(|| "sent_at".into()),
+            // Optional, and never added by `migrate --adopt`: the table's own or none.
+            traceparent: c.traceparent.clone(),
+            tracestate: c.tracestate.clone(),
             codes: [
                 lits(&values[0]),
                 lits(&values[1]),
@@ -199,7 +208,7 @@ impl Columns {
         format!(
             "id={} channel={} recipient={} payload={} status={} [{}] attempts={} \
              next_attempt_at={} last_error={} created_at={} ordering_key={} updated_at={} \
-             sent_at={}",
+             sent_at={} traceparent={} tracestate={}",
             self.id,
             self.channel(""),
             opt(&self.recipient),
@@ -215,7 +224,9 @@ impl Columns {
             opt(&self.created_at),
             opt(&self.ordering_key),
             opt(&self.updated_at),
-            self.sent_at
+            self.sent_at,
+            opt(&self.traceparent),
+            opt(&self.tracestate)
         )
     }
 
@@ -265,6 +276,8 @@ impl Columns {
         qo(&mut self.ordering_key);
         qo(&mut self.updated_at);
         q(&mut self.sent_at);
+        qo(&mut self.traceparent);
+        qo(&mut self.tracestate);
         self.payload = match self.payload {
             Payload::Column(c) => Payload::Column(quote(s, &c)),
             Payload::Object(obj) => Payload::Object(quote_object(s, obj)),

@@ -2,12 +2,15 @@
 //! `migrate --adopt` adds to a mapped table. SQLite has one writer, so migrations need no
 //! lock of their own.
 
+use sqlx::Executor;
+
 use super::Sqlite;
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::schema;
 use crate::store::schema::{
-    ClaimSupport, ColumnTypes, Conn, SchemaSql, channel_due_index, failed_index, partial_indexes,
+    ClaimSupport, ColumnTypes, Conn, Done, SchemaSql, channel_due_index, failed_index,
+    partial_indexes,
 };
 use crate::store::sql::Sql;
 
@@ -37,6 +40,33 @@ impl SchemaSql for Sqlite {
             )],
             _ => Vec::new(),
         }
+    }
+
+    fn code_step<'a>(&'a self, conn: &'a mut Conn, table: &'a str, version: i64) -> Done<'a> {
+        Box::pin(async move {
+            match version {
+                // The writer's W3C trace context (docs/tracing.md). SQLite has no `ADD COLUMN
+                // IF NOT EXISTS`, and its migrations take no lock: a column another instance
+                // (or an interrupted run) added is left as it is.
+                12 => {
+                    for column in ["traceparent", "tracestate"] {
+                        let n: i64 = sqlx::query_scalar(
+                            "SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?",
+                        )
+                        .bind(table.to_string())
+                        .bind(column)
+                        .fetch_one(&mut **conn)
+                        .await?;
+                        if n == 0 {
+                            let add = format!("ALTER TABLE {table} ADD COLUMN {column} TEXT NULL");
+                            conn.execute(sqlx::AssertSqlSafe(add)).await?;
+                        }
+                    }
+                    Ok(())
+                }
+                _ => Ok(()),
+            }
+        })
     }
 
     fn lease_table(&self) -> String {

@@ -112,6 +112,7 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     .expect("free lease is acquired");
     // As the relay asks: per-channel budgets with a newest share, and the other channels.
     let poll = |epoch: i64| ClaimRequest {
+        trace: false,
         budgets: Some(Budgets {
             channels: vec![("hook".into(), 8), ("log".into(), 8)],
             others: Some((vec!["hook".into(), "log".into()], 2)),
@@ -276,6 +277,7 @@ async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claim
         rows.push(td.enqueue("hook", "{}", None).await);
     }
     let poll = || ClaimRequest {
+        trace: false,
         budgets: Some(Budgets {
             channels: vec![("hook".into(), 10)],
             others: None,

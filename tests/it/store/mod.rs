@@ -31,6 +31,7 @@ fn token() -> Arc<str> {
 
 fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> ClaimRequest {
     ClaimRequest {
+        trace: false,
         limit,
         ttl,
         claimer: claimer.to_string(),

@@ -10,6 +10,7 @@ pub mod console;
 pub mod counting;
 pub mod mariadb;
 pub mod nats;
+pub mod otlp;
 pub mod postgres;
 pub mod process;
 pub mod receiver;

@@ -157,6 +157,7 @@ pub fn delivery(id: i64, recipient: Option<&str>, payload: &str, attempts: u32) 
         recipient: recipient.map(str::to_string),
         payload: payload.to_string(),
         attempts,
+        trace: None,
     }
 }
 
