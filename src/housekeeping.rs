@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::RetentionSettings;
-use crate::store::{Finished, LeaseTable, STATUSES, SqlStore};
+use crate::store::{Finished, Hold, LeaseTable, STATUSES, SqlStore};
 
 /// How often the table is sampled for the gauges.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(15);
@@ -98,7 +98,14 @@ pub async fn retention_loop(
                     Ok(deleted) => tracing::info!(deleted, "retention: old rows deleted"),
                     Err(e) => tracing::warn!(error = %e, "retention: purge failed"),
                 }
-                if let Err(e) = store.lease_release(&lease, &holder, epoch).await {
+                if let Err(e) = store
+                    .lease_release(Hold {
+                        name: &lease,
+                        holder: &holder,
+                        epoch,
+                    })
+                    .await
+                {
                     tracing::debug!(error = %e, "retention lease release failed; it expires");
                 }
             }

@@ -404,7 +404,11 @@ pub(super) async fn ensure_shedlock_table(
         return Ok(());
     }
     let table = &settings.lease.shedlock_table;
-    if store.shedlock().create_table(table).await? {
+    if store
+        .shedlock(&store::ShedLockTable::new(table, 0))
+        .create_table()
+        .await?
+    {
         tracing::info!(table = %table, "created the ShedLock table (lease.shedlock_table)");
     }
     Ok(())
@@ -420,7 +424,7 @@ async fn java_lock_status(settings: &Settings, store: &SqlStore) -> Result<(), C
                 &l.shedlock_table,
                 l.shedlock_utc_offset_minutes().unwrap_or_default(),
             );
-            match store.shedlock().holder(&sl, &l.name).await {
+            match store.shedlock(&sl).holder(&l.name).await {
                 Ok(Some((by, ms))) if ms > 0 => say!(
                     "shedlock {} row {}: held by {by} for {:.1}s more",
                     l.shedlock_table,

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{Grant, Lease, Tenure, poll_every};
 use crate::BoxFuture;
-use crate::store::LeaseTable;
+use crate::store::{self, LeaseTable};
 
 /// A lease kept in the outbox database.
 pub struct DatabaseLease {
@@ -25,6 +25,13 @@ impl DatabaseLease {
             store,
             tenure: Tenure::new(name, instance_id, ttl),
         }
+    }
+}
+
+impl DatabaseLease {
+    /// The lease row as held under `token` at `epoch`.
+    fn row<'a>(&'a self, token: &'a str, epoch: i64) -> store::Hold<'a> {
+        store::Hold::new(self.name(), token, epoch)
     }
 }
 
@@ -59,7 +66,7 @@ impl Lease for DatabaseLease {
                 return Ok(false);
             };
             self.store
-                .lease_renew(self.name(), &hold.token, epoch, self.ttl())
+                .lease_renew(self.row(&hold.token, epoch), self.ttl())
                 .await
         }))
     }
@@ -67,11 +74,7 @@ impl Lease for DatabaseLease {
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(self.tenure.release(move |hold| async move {
             match hold.epoch {
-                Some(epoch) => {
-                    self.store
-                        .lease_release(self.name(), &hold.token, epoch)
-                        .await
-                }
+                Some(epoch) => self.store.lease_release(self.row(&hold.token, epoch)).await,
                 None => Ok(()),
             }
         }))

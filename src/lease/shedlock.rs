@@ -67,8 +67,8 @@ impl Lease for ShedLockLease {
     fn try_acquire(&self) -> BoxFuture<'_, anyhow::Result<Option<Grant>>> {
         Box::pin(self.tenure.acquire(move |token| async move {
             self.store
-                .shedlock()
-                .acquire(&self.table, self.name(), &token, self.ttl())
+                .shedlock(&self.table)
+                .acquire(self.name(), &token, self.ttl())
                 .await
                 .with_context(|| self.context())
         }))
@@ -77,8 +77,8 @@ impl Lease for ShedLockLease {
     fn renew(&self) -> BoxFuture<'_, anyhow::Result<bool>> {
         Box::pin(self.tenure.renew(move |hold| async move {
             self.store
-                .shedlock()
-                .extend(&self.table, self.name(), &hold.token, self.ttl())
+                .shedlock(&self.table)
+                .extend(self.name(), &hold.token, self.ttl())
                 .await
                 .with_context(|| self.context())
         }))
@@ -87,8 +87,8 @@ impl Lease for ShedLockLease {
     fn release(&self) -> BoxFuture<'_, anyhow::Result<()>> {
         Box::pin(self.tenure.release(move |hold| async move {
             self.store
-                .shedlock()
-                .release(&self.table, self.name(), &hold.token)
+                .shedlock(&self.table)
+                .release(self.name(), &hold.token)
                 .await
                 .with_context(|| self.context())
         }))

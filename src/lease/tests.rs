@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{Grant, Keeper, Lease, LeaseState, Tenure, drift};
 use crate::BoxFuture;
-use crate::store::LeaseTable;
+use crate::store::{Answer, Epoch, Hold, LeaseTable};
 
 /// What the next renewals answer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -131,31 +131,15 @@ struct Epochs {
 }
 
 impl LeaseTable for Epochs {
-    fn lease_acquire<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a str,
-        _: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>> {
+    fn lease_acquire<'a>(&'a self, _: &'a str, _: &'a str, _: Duration) -> Epoch<'a> {
         Box::pin(async { anyhow::bail!("the keeper never takes the database lease itself") })
     }
 
-    fn lease_renew<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a str,
-        _: i64,
-        _: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<bool>> {
+    fn lease_renew<'a>(&'a self, _: Hold<'a>, _: Duration) -> Answer<'a, bool> {
         Box::pin(async { anyhow::bail!("not used by the keeper") })
     }
 
-    fn lease_release<'a>(
-        &'a self,
-        _: &'a str,
-        _: &'a str,
-        _: i64,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
+    fn lease_release<'a>(&'a self, _: Hold<'a>) -> Answer<'a, ()> {
         Box::pin(async { anyhow::bail!("not used by the keeper") })
     }
 

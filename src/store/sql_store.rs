@@ -12,9 +12,9 @@ use crate::store::admin::{console, status, verbs};
 use crate::store::claim::Claims;
 use crate::store::db::{Db, Opening, open_side_by_side};
 use crate::store::engine::{Engine, engine};
-use crate::store::locks::LeaseTable;
 use crate::store::locks::lease_table::{Leases, lease_row};
-use crate::store::locks::shedlock::ShedLock;
+use crate::store::locks::shedlock::{ShedLock, ShedLockTable};
+use crate::store::locks::{Answer, Epoch, Hold, LeaseTable};
 use crate::store::model::{
     ChannelCounts, ClaimRequest, ClaimedRow, Completion, FailedFilter, FailedRow, Finished,
     LeaseRow, NewRow, Probe, Requeue, RequeueReport, RowDetail, Sample, StatusReport,
@@ -333,10 +333,11 @@ impl SqlStore {
     }
 
     /// ShedLock's statements on this database, for the `shedlock` lease and `status`.
-    pub fn shedlock(&self) -> ShedLock<'_> {
+    pub fn shedlock<'a>(&'a self, table: &'a ShedLockTable) -> ShedLock<'a> {
         ShedLock {
             db: &self.db,
             sql: self.engine,
+            table,
         }
     }
 }
@@ -380,48 +381,22 @@ impl Queue for SqlStore {
 }
 
 impl LeaseTable for SqlStore {
-    fn lease_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>> {
+    fn lease_acquire<'a>(&'a self, name: &'a str, holder: &'a str, ttl: Duration) -> Epoch<'a> {
         Box::pin(async move {
             let db = self.lease_db().await?;
             self.leases.acquire(db, name, holder, ttl).await
         })
     }
 
-    fn lease_renew<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        epoch: i64,
-        ttl: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<bool>> {
-        Box::pin(async move {
-            let db = self.lease_db().await?;
-            self.leases.renew(db, name, holder, epoch, ttl).await
-        })
+    fn lease_renew<'a>(&'a self, hold: Hold<'a>, ttl: Duration) -> Answer<'a, bool> {
+        Box::pin(async move { self.leases.renew(self.lease_db().await?, hold, ttl).await })
     }
 
-    fn lease_release<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        epoch: i64,
-    ) -> BoxFuture<'a, anyhow::Result<()>> {
-        Box::pin(async move {
-            let db = self.lease_db().await?;
-            self.leases.release(db, name, holder, epoch).await
-        })
+    fn lease_release<'a>(&'a self, hold: Hold<'a>) -> Answer<'a, ()> {
+        Box::pin(async move { self.leases.release(self.lease_db().await?, hold).await })
     }
 
-    fn advance_epoch<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-    ) -> BoxFuture<'a, anyhow::Result<i64>> {
+    fn advance_epoch<'a>(&'a self, name: &'a str, holder: &'a str) -> Answer<'a, i64> {
         Box::pin(async move {
             let db = self.lease_db().await?;
             self.leases.advance_epoch(db, name, holder).await

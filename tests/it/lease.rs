@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use outbox_relay::lease::{DatabaseLease, Keeper, Lease, LeaseState};
-use outbox_relay::store::{LeaseTable, SqlStore};
+use outbox_relay::store::{Hold, LeaseTable, SqlStore};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -46,17 +46,21 @@ async fn database_lease_primitives(db: Db) {
         None,
         "a live lease is not re-acquired, even by its holder"
     );
-    assert!(bounded("renew A", store.lease_renew(&name, "A", e, ttl)).await);
+    assert!(bounded("renew A", store.lease_renew(Hold::new(&name, "A", e), ttl)).await);
     assert!(
         !bounded(
             "renew wrong epoch",
-            store.lease_renew(&name, "A", e + 1, ttl)
+            store.lease_renew(Hold::new(&name, "A", e + 1), ttl)
         )
         .await,
         "a renewal at another epoch is refused"
     );
     assert!(
-        !bounded("renew by B", store.lease_renew(&name, "B", e, ttl)).await,
+        !bounded(
+            "renew by B",
+            store.lease_renew(Hold::new(&name, "B", e), ttl)
+        )
+        .await,
         "a renewal by a non-holder is refused"
     );
 
@@ -64,7 +68,7 @@ async fn database_lease_primitives(db: Db) {
     let until = Instant::now() + ttl * 2;
     while Instant::now() < until {
         tokio::time::sleep(ttl / 4).await;
-        assert!(bounded("renew A", store.lease_renew(&name, "A", e, ttl)).await);
+        assert!(bounded("renew A", store.lease_renew(Hold::new(&name, "A", e), ttl)).await);
         assert_eq!(
             bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
             None,
@@ -82,8 +86,18 @@ async fn database_lease_primitives(db: Db) {
     .expect("an expired lease is acquired");
     assert_eq!(e2, e + 1, "every acquisition bumps the epoch");
     // A's renewal is refused and re-creates nothing; its release takes nothing from B.
-    assert!(!bounded("late renew A", store.lease_renew(&name, "A", e, ttl)).await);
-    bounded("stale release A", store.lease_release(&name, "A", e)).await;
+    assert!(
+        !bounded(
+            "late renew A",
+            store.lease_renew(Hold::new(&name, "A", e), ttl)
+        )
+        .await
+    );
+    bounded(
+        "stale release A",
+        store.lease_release(Hold::new(&name, "A", e)),
+    )
+    .await;
     assert_eq!(
         td.lease_row(&name).await.expect("lease row"),
         (Some("B".into()), e2)
@@ -94,18 +108,18 @@ async fn database_lease_primitives(db: Db) {
     );
 
     // B releases: A acquires at once, long before B's 30s ttl.
-    bounded("release B", store.lease_release(&name, "B", e2)).await;
+    bounded("release B", store.lease_release(Hold::new(&name, "B", e2))).await;
     assert_eq!(td.lease_row(&name).await.expect("lease row"), (None, e2));
     let e3 = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
         .await
         .expect("a released lease is free at once");
     assert_eq!(e3, e2 + 1);
-    assert!(!bounded("renew B", store.lease_renew(&name, "B", e2, ttl)).await);
+    assert!(!bounded("renew B", store.lease_renew(Hold::new(&name, "B", e2), ttl)).await);
 
     // advance_epoch (leases held elsewhere) records the holder and fences everyone before.
     let e4 = bounded("advance_epoch", store.advance_epoch(&name, "C")).await;
     assert_eq!(e4, e3 + 1);
-    assert!(!bounded("renew A", store.lease_renew(&name, "A", e3, ttl)).await);
+    assert!(!bounded("renew A", store.lease_renew(Hold::new(&name, "A", e3), ttl)).await);
     assert_eq!(
         td.lease_row(&name).await.expect("lease row"),
         (Some("C".into()), e4)

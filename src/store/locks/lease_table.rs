@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::LockSql;
+use super::{Hold, LockSql};
 use crate::store::db::Db;
 use crate::store::model::LeaseRow;
 use crate::store::sql::Sql;
@@ -54,43 +54,19 @@ impl Leases {
         self.sql.bump_epoch(db, set, filter).await
     }
 
-    /// Extends the lease if `holder` still holds it at `epoch`; false means it is lost.
-    pub async fn renew(
-        &self,
-        db: &Db,
-        name: &str,
-        holder: &str,
-        epoch: i64,
-        ttl: Duration,
-    ) -> anyhow::Result<bool> {
+    /// Extends the lease if its holder still holds it at its epoch; false means it is lost.
+    pub async fn renew(&self, db: &Db, hold: Hold<'_>, ttl: Duration) -> anyhow::Result<bool> {
         let mut q = Sql::new("UPDATE outbox_relay_lease SET lease_until = ");
-        q.now_plus(db.syntax(), ttl)
-            .push(" WHERE name = ")
-            .text(name)
-            .push(" AND holder = ")
-            .text(holder)
-            .push(" AND epoch = ")
-            .int(epoch);
+        q.now_plus(db.syntax(), ttl);
+        hold.filter(&mut q);
         let n = db.query(q).execute(db.pool()).await?.rows_affected();
         Ok(n == 1)
     }
 
     /// Gives the lease up if still held.
-    pub async fn release(
-        &self,
-        db: &Db,
-        name: &str,
-        holder: &str,
-        epoch: i64,
-    ) -> anyhow::Result<()> {
-        let mut q = Sql::new(
-            "UPDATE outbox_relay_lease SET holder = NULL, lease_until = NULL WHERE name = ",
-        );
-        q.text(name)
-            .push(" AND holder = ")
-            .text(holder)
-            .push(" AND epoch = ")
-            .int(epoch);
+    pub async fn release(&self, db: &Db, hold: Hold<'_>) -> anyhow::Result<()> {
+        let mut q = Sql::new("UPDATE outbox_relay_lease SET holder = NULL, lease_until = NULL");
+        hold.filter(&mut q);
         db.query(q).execute(db.pool()).await?;
         Ok(())
     }
@@ -158,4 +134,16 @@ pub async fn lease_row(db: &Db, name: &str) -> anyhow::Result<Option<LeaseRow>> 
             })
         })
         .transpose()
+}
+
+impl Hold<'_> {
+    /// Appends ` WHERE` for this hold's row: the name, the holder and the epoch.
+    fn filter(&self, q: &mut Sql) {
+        q.push(" WHERE name = ")
+            .text(self.name)
+            .push(" AND holder = ")
+            .text(self.holder)
+            .push(" AND epoch = ")
+            .int(self.epoch);
+    }
 }

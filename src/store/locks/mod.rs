@@ -17,40 +17,42 @@ use crate::store::sql::Sql;
 pub trait LeaseTable: Send + Sync {
     /// `database` lease backend: takes the lease if it is free or expired (on the database
     /// clock), bumping the epoch. Returns the new epoch, or `None` if someone else holds it.
-    fn lease_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<Option<i64>>>;
-    /// Extends the lease if `holder` still holds it at `epoch`; false means it is lost.
-    fn lease_renew<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        epoch: i64,
-        ttl: Duration,
-    ) -> BoxFuture<'a, anyhow::Result<bool>>;
+    fn lease_acquire<'a>(&'a self, name: &'a str, holder: &'a str, ttl: Duration) -> Epoch<'a>;
+    /// Extends the lease if its holder still holds it at its epoch; false means it is lost.
+    fn lease_renew<'a>(&'a self, hold: Hold<'a>, ttl: Duration) -> Answer<'a, bool>;
     /// Gives the lease up if still held.
-    fn lease_release<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        epoch: i64,
-    ) -> BoxFuture<'a, anyhow::Result<()>>;
+    fn lease_release<'a>(&'a self, hold: Hold<'a>) -> Answer<'a, ()>;
     /// For leases held elsewhere (Redis): records `holder` and bumps the epoch, fencing off
     /// every earlier holder's claims. Returns the new epoch.
-    fn advance_epoch<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-    ) -> BoxFuture<'a, anyhow::Result<i64>>;
+    fn advance_epoch<'a>(&'a self, name: &'a str, holder: &'a str) -> Answer<'a, i64>;
     /// A cheap round trip (the `database` backend's readiness).
     fn ping(&self) -> BoxFuture<'_, anyhow::Result<()>>;
 }
 
+/// What a lease-table statement answers, once it has run.
+pub type Answer<'a, T> = BoxFuture<'a, anyhow::Result<T>>;
+
 /// The lease's new epoch, if the statement changed its row.
-pub type Epoch<'a> = BoxFuture<'a, anyhow::Result<Option<i64>>>;
+pub type Epoch<'a> = Answer<'a, Option<i64>>;
+
+/// One hold of the lease row `name`: who took it and the epoch that taking bumped to. Only
+/// this hold renews or releases it; a later taker's epoch differs.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold<'a> {
+    pub name: &'a str,
+    pub holder: &'a str,
+    pub epoch: i64,
+}
+
+impl<'a> Hold<'a> {
+    pub fn new(name: &'a str, holder: &'a str, epoch: i64) -> Hold<'a> {
+        Hold {
+            name,
+            holder,
+            epoch,
+        }
+    }
+}
 
 /// What the lock tables' statements are on one database.
 pub trait LockSql: Send + Sync {

@@ -27,6 +27,8 @@
 
 use std::time::Duration;
 
+use anyhow::Result;
+
 use sqlx::any::AnyRow;
 use sqlx::{Executor, Row};
 
@@ -58,18 +60,21 @@ impl ShedLockTable {
     }
 }
 
-/// ShedLock's statements on one database.
+/// ShedLock's statements on one table of one database.
 pub struct ShedLock<'a> {
     pub db: &'a Db,
     pub sql: &'a dyn LockSql,
+    pub table: &'a ShedLockTable,
 }
 
 impl ShedLock<'_> {
-    /// True when `table` exists in the outbox database.
-    pub async fn table_exists(&self, table: &str) -> anyhow::Result<bool> {
+    /// True when the table exists in the outbox database.
+    pub async fn table_exists(&self) -> anyhow::Result<bool> {
         // A probe that reads no row: it fails only when the table (or a column) is missing.
-        let probe =
-            format!("SELECT name, lock_until, locked_at, locked_by FROM {table} WHERE 1 = 0");
+        let probe = format!(
+            "SELECT name, lock_until, locked_at, locked_by FROM {} WHERE 1 = 0",
+            self.table.table
+        );
         match self.db.sql(&probe).fetch_optional(self.db.pool()).await {
             Ok(_) => Ok(true),
             Err(sqlx::Error::Database(_)) => Ok(false),
@@ -80,11 +85,11 @@ impl ShedLock<'_> {
     /// Creates the ShedLock table with ShedLock's documented schema if it is missing (the
     /// `migrate` verb, and `run` with `database.migrate`); an existing table is never touched.
     /// Returns true when it was created.
-    pub async fn create_table(&self, table: &str) -> anyhow::Result<bool> {
-        if self.table_exists(table).await? {
+    pub async fn create_table(&self) -> anyhow::Result<bool> {
+        if self.table_exists().await? {
             return Ok(false);
         }
-        let time = self.sql.shedlock_time_type();
+        let (table, time) = (&self.table.table, self.sql.shedlock_time_type());
         let ddl = format!(
             "CREATE TABLE IF NOT EXISTS {table} (name VARCHAR(64) NOT NULL PRIMARY KEY, \
              lock_until {time}, locked_at {time}, locked_by VARCHAR(255) NOT NULL)"
@@ -95,30 +100,24 @@ impl ShedLock<'_> {
 
     /// ShedLock's lock: inserts the row, or takes it over if its `lock_until` has passed.
     /// True when `locked_by` now holds `name` until now + `ttl`.
-    pub async fn acquire(
-        &self,
-        sl: &ShedLockTable,
-        name: &str,
-        locked_by: &str,
-        ttl: Duration,
-    ) -> anyhow::Result<bool> {
+    pub async fn acquire(&self, name: &str, locked_by: &str, ttl: Duration) -> Result<bool> {
         let (insert, conflict) = self.sql.insert_if_absent("name");
         let mut q = Sql::new(&format!(
             "{insert} {} (name, lock_until, locked_at, locked_by) VALUES (",
-            sl.table
+            self.table.table
         ));
         q.text(name).push(", ");
-        self.now_plus(&mut q, sl, ttl);
-        q.push(&format!(", {}, ", self.now(sl)))
+        self.now_plus(&mut q, ttl);
+        q.push(&format!(", {}, ", self.now()))
             .text(locked_by)
             .push(")")
             .push(&conflict);
         if self.execute(q).await? == 1 {
             return Ok(true);
         }
-        let now = self.now(sl);
-        let mut q = Sql::new(&format!("UPDATE {} SET lock_until = ", sl.table));
-        self.now_plus(&mut q, sl, ttl);
+        let now = self.now();
+        let mut q = Sql::new(&format!("UPDATE {} SET lock_until = ", self.table.table));
+        self.now_plus(&mut q, ttl);
         q.push(&format!(", locked_at = {now}, locked_by = "))
             .text(locked_by)
             .push(" WHERE name = ")
@@ -129,34 +128,23 @@ impl ShedLock<'_> {
 
     /// ShedLock's extend (KeepAliveLockProvider): true when `locked_by` still held `name`
     /// (unexpired) and now holds it until now + `ttl`. Never revives an expired row.
-    pub async fn extend(
-        &self,
-        sl: &ShedLockTable,
-        name: &str,
-        locked_by: &str,
-        ttl: Duration,
-    ) -> anyhow::Result<bool> {
-        let mut q = Sql::new(&format!("UPDATE {} SET lock_until = ", sl.table));
-        self.now_plus(&mut q, sl, ttl);
+    pub async fn extend(&self, name: &str, locked_by: &str, ttl: Duration) -> Result<bool> {
+        let mut q = Sql::new(&format!("UPDATE {} SET lock_until = ", self.table.table));
+        self.now_plus(&mut q, ttl);
         q.push(" WHERE name = ")
             .text(name)
             .push(" AND locked_by = ")
             .text(locked_by)
-            .push(&format!(" AND lock_until > {}", self.now(sl)));
+            .push(&format!(" AND lock_until > {}", self.now()));
         Ok(self.execute(q).await? == 1)
     }
 
     /// ShedLock's unlock: `lock_until = now`, only for the row `locked_by` holds.
-    pub async fn release(
-        &self,
-        sl: &ShedLockTable,
-        name: &str,
-        locked_by: &str,
-    ) -> anyhow::Result<()> {
+    pub async fn release(&self, name: &str, locked_by: &str) -> Result<()> {
         let mut q = Sql::new(&format!(
             "UPDATE {} SET lock_until = {} WHERE name = ",
-            sl.table,
-            self.now(sl)
+            self.table.table,
+            self.now()
         ));
         q.text(name).push(" AND locked_by = ").text(locked_by);
         self.execute(q).await?;
@@ -165,15 +153,11 @@ impl ShedLock<'_> {
 
     /// Who holds row `name` (for `status`): its `locked_by` and the milliseconds left until
     /// its `lock_until` (zero or less: free); `None` when there is no such row.
-    pub async fn holder(
-        &self,
-        sl: &ShedLockTable,
-        name: &str,
-    ) -> anyhow::Result<Option<(String, i64)>> {
-        let left = self.sql.shedlock_left(&self.now(sl));
+    pub async fn holder(&self, name: &str) -> Result<Option<(String, i64)>> {
+        let left = self.sql.shedlock_left(&self.now());
         let mut q = Sql::new(&format!(
             "SELECT locked_by, {left} FROM {} WHERE name = ",
-            sl.table
+            self.table.table
         ));
         q.text(name);
         let Some(row) = self.run(q, true).await?.1 else {
@@ -183,14 +167,14 @@ impl ShedLock<'_> {
     }
 
     /// ShedLock's "now" on the database clock: UTC, plus the table's offset.
-    fn now(&self, sl: &ShedLockTable) -> String {
-        self.sql.shedlock_now(sl.utc_offset_minutes)
+    fn now(&self) -> String {
+        self.sql.shedlock_now(self.table.utc_offset_minutes)
     }
 
     /// Appends ShedLock's "now + ttl" (ttl capped like every time the relay writes).
-    fn now_plus(&self, q: &mut Sql, sl: &ShedLockTable, ttl: Duration) {
-        self.sql
-            .shedlock_now_plus(q, sl.utc_offset_minutes, future_ms(ttl));
+    fn now_plus(&self, q: &mut Sql, ttl: Duration) {
+        let offset = self.table.utc_offset_minutes;
+        self.sql.shedlock_now_plus(q, offset, future_ms(ttl));
     }
 
     /// Runs one ShedLock statement; returns the rows it changed.

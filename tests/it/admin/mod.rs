@@ -441,7 +441,11 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
 
     // Released: free, and the epoch stays.
     td.store
-        .lease_release(&td.table, "relay-a:42", epoch)
+        .lease_release(outbox_relay::store::Hold::new(
+            &td.table,
+            "relay-a:42",
+            epoch,
+        ))
         .await
         .expect("release");
     let out = ok(&td, &["status"]).await;

@@ -23,13 +23,13 @@ async fn run_ops(td: &TestDb, sl: &ShedLockTable, name: &str, ops: &[Op]) {
     for (i, op) in ops.iter().enumerate() {
         let (got, want) = match op {
             Op::Acquire(by, ttl, want) => {
-                (td.store.shedlock().acquire(sl, name, by, *ttl).await, *want)
+                (td.store.shedlock(sl).acquire(name, by, *ttl).await, *want)
             }
-            Op::Extend(by, want) => (td.store.shedlock().extend(sl, name, by, t).await, *want),
+            Op::Extend(by, want) => (td.store.shedlock(sl).extend(name, by, t).await, *want),
             Op::Release(by) => {
                 td.store
-                    .shedlock()
-                    .release(sl, name, by)
+                    .shedlock(sl)
+                    .release(name, by)
                     .await
                     .expect("release");
                 continue;
@@ -74,28 +74,10 @@ async fn shedlock_statements_on_every_database() {
             continue;
         };
         let table = format!("sl_{}", td.table);
-        assert!(
-            !td.store
-                .shedlock()
-                .table_exists(&table)
-                .await
-                .expect("probe")
-        );
-        assert!(
-            td.store
-                .shedlock()
-                .create_table(&table)
-                .await
-                .expect("create")
-        );
-        assert!(
-            !td.store
-                .shedlock()
-                .create_table(&table)
-                .await
-                .expect("again")
-        );
         let sl = ShedLockTable::new(&table, 0);
+        assert!(!td.store.shedlock(&sl).table_exists().await.expect("probe"));
+        assert!(td.store.shedlock(&sl).create_table().await.expect("create"));
+        assert!(!td.store.shedlock(&sl).create_table().await.expect("again"));
         let ops = [
             Acquire("a", t, true),
             Acquire("b", t, false),
@@ -181,8 +163,8 @@ async fn migrate_creates_a_missing_shedlock_table_only() {
     );
     assert!(
         td.store
-            .shedlock()
-            .table_exists(&table)
+            .shedlock(&ShedLockTable::new(&table, 0))
+            .table_exists()
             .await
             .expect("probe")
     );
