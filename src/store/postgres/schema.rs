@@ -156,55 +156,22 @@ impl SchemaSql for Postgres {
 
 /// Schema version 1.
 fn schema_v1(t: &str) -> Vec<String> {
-    vec![
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-                id BIGSERIAL PRIMARY KEY,
-                channel TEXT NOT NULL,
-                recipient TEXT NULL,
-                payload JSONB NOT NULL,
-                ordering_key TEXT NULL,
-                status TEXT NOT NULL DEFAULT 'PENDING'
-                    CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED')),
-                attempts INT NOT NULL DEFAULT 0,
-                next_attempt_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                claimed_by TEXT NULL,
-                claim_token TEXT NULL,
-                claimed_until TIMESTAMPTZ NULL,
-                last_error TEXT NULL,
-                created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-                sent_at TIMESTAMPTZ NULL
-            )"
-        ),
-        // The claim walks this partial index in id order: only unfinished rows are in it.
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_due_idx ON {t} (id, next_attempt_at)
-             WHERE status IN ('PENDING', 'RETRY')"
-        ),
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} (ordering_key, id)
-             WHERE ordering_key IS NOT NULL AND status IN ('PENDING', 'RETRY')"
-        ),
-        format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
+    let keyed = "WHERE ordering_key IS NOT NULL AND status IN ('PENDING', 'RETRY')";
+    let time = "TIMESTAMPTZ";
+    let table = schema::table_v1(t, "BIGSERIAL PRIMARY KEY", "JSONB", "INT", time, "now()");
+    std::iter::once(table)
+        .chain(schema::indexes_v1(t, keyed))
         // A queue table: every row is updated soon after insert. The default autovacuum
         // thresholds (20% / 10% of the table) let dead entries pile up in the partial due
         // index and let statistics go stale after a burst, which flips the claim's plan to a
         // primary-key walk or a sort of the whole backlog (docs/performance-log.md). Vacuum
         // and analyze this table after 1% of it changed.
-        format!(
+        .chain([format!(
             "ALTER TABLE {t} SET (autovacuum_vacuum_scale_factor = 0.01,
              autovacuum_analyze_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,
              autovacuum_analyze_threshold = 1000)"
-        ),
-        // oldest_pending_seconds and `status`: MIN(created_at) of unfinished rows.
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
-             WHERE status IN ('PENDING', 'RETRY')"
-        ),
-        Postgres.lease_table(),
-    ]
-    .into_iter()
-    .chain(notify_trigger(t))
-    .collect()
+        )])
+        .chain([Postgres.lease_table()])
+        .chain(notify_trigger(t))
+        .collect()
 }

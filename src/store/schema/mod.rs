@@ -186,6 +186,44 @@ pub fn lease_table(name: &str, holder: &str, time: &str, options: &str) -> Strin
     )
 }
 
+/// Schema version 1's table where only the column types differ (PostgreSQL, SQLite): `id`'s
+/// definition, the payload's type, the integer type, and the time type with its default.
+pub fn table_v1(t: &str, id: &str, json: &str, int: &str, time: &str, now: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {t} (
+            id {id},
+            channel TEXT NOT NULL,
+            recipient TEXT NULL,
+            payload {json} NOT NULL,
+            ordering_key TEXT NULL,
+            status TEXT NOT NULL DEFAULT 'PENDING'
+                CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED')),
+            attempts {int} NOT NULL DEFAULT 0,
+            next_attempt_at {time} NOT NULL DEFAULT {now},
+            claimed_by TEXT NULL,
+            claim_token TEXT NULL,
+            claimed_until {time} NULL,
+            last_error TEXT NULL,
+            created_at {time} NOT NULL DEFAULT {now},
+            updated_at {time} NOT NULL DEFAULT {now},
+            sent_at {time} NULL
+        )"
+    )
+}
+
+/// Schema version 1's indexes where the database has partial indexes: unfinished rows in id
+/// order (the claim's walk), the keyed ones by key (`keyed` filters them), rows by status and
+/// age, and unfinished rows by age (`oldest_pending_seconds`, `status`).
+pub fn indexes_v1(t: &str, keyed: &str) -> [String; 4] {
+    let open = "WHERE status IN ('PENDING', 'RETRY')";
+    [
+        format!("CREATE INDEX IF NOT EXISTS {t}_due_idx ON {t} (id, next_attempt_at) {open}"),
+        format!("CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} (ordering_key, id) {keyed}"),
+        format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
+        format!("CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at) {open}"),
+    ]
+}
+
 /// The partial indexes of unfinished rows that claims walk on a mapped table: by channel
 /// (and id), and by ordering key (and id), for databases that have partial indexes.
 ///

@@ -224,13 +224,10 @@ mod tests {
             .texts(&["x".into(), "y".into()]);
         q.push(") AND c IN (").ints([7, 8]).push(") AND d = ");
         q.opt_text(None);
-        assert_eq!(
-            q.render(&PLAIN),
-            "UPDATE t SET a = ? WHERE b IN (?, ?) AND c IN (?, ?) AND d = ?"
-        );
-        assert_eq!(
-            q.render(&NUMBERED),
-            "UPDATE t SET a = $1 WHERE b IN ($2, $3) AND c IN ($4, $5) AND d = $6"
+        renders(
+            &q,
+            "UPDATE t SET a = ? WHERE b IN (?, ?) AND c IN (?, ?) AND d = ?",
+            "UPDATE t SET a = $1 WHERE b IN ($2, $3) AND c IN ($4, $5) AND d = $6",
         );
         assert_eq!(q.args.len(), 6);
         assert_eq!(q.args[0], Arg::Int(1));
@@ -252,13 +249,16 @@ mod tests {
         let mut tail = Sql::new(" AND c = ");
         tail.text("?");
         q.append(tail);
-        assert_eq!(
-            q.render(&NUMBERED),
-            "SELECT 'NEW?', json_build_object('vip?', x) WHERE a = $1 AND b = '?' AND c = $2"
+        renders(
+            &q,
+            "SELECT 'NEW?', json_build_object('vip?', x) WHERE a = ? AND b = '?' AND c = ?",
+            "SELECT 'NEW?', json_build_object('vip?', x) WHERE a = $1 AND b = '?' AND c = $2",
         );
-        assert_eq!(
-            q.render(&PLAIN),
-            "SELECT 'NEW?', json_build_object('vip?', x) WHERE a = ? AND b = '?' AND c = ?"
-        );
+    }
+
+    /// Asserts that `q` renders as `plain` with `?` placeholders and as `numbered` with `$n`.
+    fn renders(q: &Sql, plain: &str, numbered: &str) {
+        assert_eq!(q.render(&PLAIN), plain);
+        assert_eq!(q.render(&NUMBERED), numbered);
     }
 }

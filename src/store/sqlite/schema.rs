@@ -135,46 +135,16 @@ impl SchemaSql for Sqlite {
     }
 }
 
-/// Schema version 1.
+/// Schema version 1. AUTOINCREMENT: ids are idempotency keys and must never be reused after
+/// a purge.
 fn schema_v1(t: &str) -> Vec<String> {
     let now = "(strftime('%Y-%m-%d %H:%M:%f','now'))";
-    vec![
-        // AUTOINCREMENT: ids are idempotency keys and must never be reused after a purge.
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (
-                id INTEGER PRIMARY KEY AUTOINCREMENT,
-                channel TEXT NOT NULL,
-                recipient TEXT NULL,
-                payload TEXT NOT NULL,
-                ordering_key TEXT NULL,
-                status TEXT NOT NULL DEFAULT 'PENDING'
-                    CHECK (status IN ('PENDING', 'RETRY', 'SUCCESS', 'FAILED')),
-                attempts INTEGER NOT NULL DEFAULT 0,
-                next_attempt_at TEXT NOT NULL DEFAULT {now},
-                claimed_by TEXT NULL,
-                claim_token TEXT NULL,
-                claimed_until TEXT NULL,
-                last_error TEXT NULL,
-                created_at TEXT NOT NULL DEFAULT {now},
-                updated_at TEXT NOT NULL DEFAULT {now},
-                sent_at TEXT NULL
-            )"
-        ),
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_due_idx ON {t} (id, next_attempt_at)
-             WHERE status IN ('PENDING', 'RETRY')"
-        ),
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_ordering_idx ON {t} (ordering_key, id)
-             WHERE ordering_key IS NOT NULL"
-        ),
-        format!("CREATE INDEX IF NOT EXISTS {t}_status_idx ON {t} (status, updated_at)"),
-        format!(
-            "CREATE INDEX IF NOT EXISTS {t}_pending_age_idx ON {t} (created_at)
-             WHERE status IN ('PENDING', 'RETRY')"
-        ),
-        Sqlite.lease_table(),
-    ]
+    let id = "INTEGER PRIMARY KEY AUTOINCREMENT";
+    let table = schema::table_v1(t, id, "TEXT", "INTEGER", "TEXT", now);
+    std::iter::once(table)
+        .chain(schema::indexes_v1(t, "WHERE ordering_key IS NOT NULL"))
+        .chain([Sqlite.lease_table()])
+        .collect()
 }
 
 /// Schema version 10: the unfinished rows by `next_attempt_at`, so that an idle read can tell
