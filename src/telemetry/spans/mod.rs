@@ -1,5 +1,5 @@
 //! Delivery attempts as OpenTelemetry spans, children of the writer's trace context, exported
-//! over OTLP/HTTP (docs/tracing.md; issue 38).
+//! over OTLP/HTTP (docs/tracing.md).
 //!
 //! Guarantees:
 //! - nothing of this exists unless `tracing.endpoint` is set ([`Tracer::start`] gives `None`):
