@@ -132,7 +132,6 @@ pub fn analyze(ev: &Evidence) -> Report {
     for h in ev.hits {
         *rep.requests_by_storm.entry(h.storm).or_insert(0) += 1;
     }
-    let name = |s: u8| ev.senders.get(s as usize).copied().unwrap_or("?");
 
     // Every row the inserter saw committed is in the table.
     let seqs: std::collections::HashSet<u64> = ev.rows.iter().map(|r| r.seq).collect();
@@ -178,62 +177,90 @@ pub fn analyze(ev: &Evidence) -> Report {
                 }
             }
         }
-        // Each accepted delivery after the first is a duplicate: the earlier one (p) was acted
-        // on but its result never written. Only the end of the process that sent p explains
-        // that: the first kill, pause or graceful stop of p's instance after p (a restart is a
-        // new process, which never knew p), and q must come after it. A kill or a pause is a
-        // cause; a graceful stop writes its results, so it is not. Or q is a request the
-        // paused instance had put on the wire before its pause, arriving when it continued.
-        for pair in accepted.windows(2) {
-            let (p, q) = (pair[0], pair[1]);
-            let ended = ev.faults.iter().enumerate().find(|(_, f)| {
-                matches!(f.kind, Kind::Kill9 | Kind::Pause | Kind::Graceful)
-                    && f.slot == Some(p.sender)
-                    && p.at <= f.at + ON_THE_WIRE
-            });
-            let by_fault = ended.filter(|(_, f)| f.kind != Kind::Graceful && q.at >= f.at);
-            // A request the paused instance's connection wrote when it woke (docs/design.md,
-            // "Sending": what remains of a pause), whichever of the two it was: its own send
-            // had timed out by then, so the row was given to the next holder too.
-            let woke = |h: &Hit, f: &Fault| {
-                f.slot == Some(h.sender) && h.at >= f.end && h.at <= f.end + WAKE_SLACK
-            };
-            let by_wake = ev
-                .faults
-                .iter()
-                .enumerate()
-                .find(|(_, f)| f.kind == Kind::Pause && (woke(q, f) || woke(p, f)));
-            match by_fault.or(by_wake) {
-                Some((i, f)) => {
-                    let cause = if by_fault.is_some() {
-                        format!("{} (in flight at it)", f.kind.name())
-                    } else {
-                        format!("{} (sent before it, arrived at SIGCONT)", f.kind.name())
-                    };
-                    *rep.duplicates.entry(cause).or_insert(0) += 1;
-                    *dup_per_fault.entry(i).or_insert(0) += 1;
-                }
-                None => rep.unaccounted.push(format!(
-                    "row {} accepted from {} at {:.3}s and again from {} at {:.3}s; {}",
-                    row.id,
-                    name(p.sender),
-                    (p.at - ev.t0).as_secs_f64(),
-                    name(q.sender),
-                    (q.at - ev.t0).as_secs_f64(),
-                    match ended {
-                        Some((_, f)) if f.kind == Kind::Graceful => {
-                            "its sender was then stopped gracefully"
-                        }
-                        Some(_) => "the second came before its sender was killed or paused",
-                        None => "its sender was never killed or paused after it",
-                    }
-                )),
-            }
-        }
+        note_duplicates(ev, row.id, &accepted, &mut rep, &mut dup_per_fault);
     }
     rep.lost.sort();
 
-    // Per fault: at most the rows the process could have had sent but not recorded (G3).
+    check_duplicate_bounds(ev, dup_per_fault, &mut rep);
+
+    check_key_order(ev, &by_id, &mut rep);
+
+    if ev.leader {
+        note_failovers(ev, &mut rep);
+    }
+    rep
+}
+
+/// The sender's name of slot `s`.
+fn sender_name<'a>(ev: &Evidence<'a>, s: u8) -> &'a str {
+    ev.senders.get(s as usize).copied().unwrap_or("?")
+}
+
+/// Each accepted delivery after the first is a duplicate: the earlier one (p) was acted
+/// on but its result never written. Only the end of the process that sent p explains
+/// that: the first kill, pause or graceful stop of p's instance after p (a restart is a
+/// new process, which never knew p), and q must come after it. A kill or a pause is a
+/// cause; a graceful stop writes its results, so it is not. Or q is a request the
+/// paused instance had put on the wire before its pause, arriving when it continued.
+fn note_duplicates(
+    ev: &Evidence,
+    row_id: i64,
+    accepted: &[&Hit],
+    rep: &mut Report,
+    dup_per_fault: &mut HashMap<usize, usize>,
+) {
+    let name = |s: u8| sender_name(ev, s);
+    for pair in accepted.windows(2) {
+        let (p, q) = (pair[0], pair[1]);
+        let ended = ev.faults.iter().enumerate().find(|(_, f)| {
+            matches!(f.kind, Kind::Kill9 | Kind::Pause | Kind::Graceful)
+                && f.slot == Some(p.sender)
+                && p.at <= f.at + ON_THE_WIRE
+        });
+        let by_fault = ended.filter(|(_, f)| f.kind != Kind::Graceful && q.at >= f.at);
+        // A request the paused instance's connection wrote when it woke (docs/design.md,
+        // "Sending": what remains of a pause), whichever of the two it was: its own send
+        // had timed out by then, so the row was given to the next holder too.
+        let woke = |h: &Hit, f: &Fault| {
+            f.slot == Some(h.sender) && h.at >= f.end && h.at <= f.end + WAKE_SLACK
+        };
+        let by_wake = ev
+            .faults
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.kind == Kind::Pause && (woke(q, f) || woke(p, f)));
+        match by_fault.or(by_wake) {
+            Some((i, f)) => {
+                let cause = if by_fault.is_some() {
+                    format!("{} (in flight at it)", f.kind.name())
+                } else {
+                    format!("{} (sent before it, arrived at SIGCONT)", f.kind.name())
+                };
+                *rep.duplicates.entry(cause).or_insert(0) += 1;
+                *dup_per_fault.entry(i).or_insert(0) += 1;
+            }
+            None => rep.unaccounted.push(format!(
+                "row {} accepted from {} at {:.3}s and again from {} at {:.3}s; {}",
+                row_id,
+                name(p.sender),
+                (p.at - ev.t0).as_secs_f64(),
+                name(q.sender),
+                (q.at - ev.t0).as_secs_f64(),
+                match ended {
+                    Some((_, f)) if f.kind == Kind::Graceful => {
+                        "its sender was then stopped gracefully"
+                    }
+                    Some(_) => "the second came before its sender was killed or paused",
+                    None => "its sender was never killed or paused after it",
+                }
+            )),
+        }
+    }
+}
+
+/// Per fault: at most the rows the process could have had sent but not recorded (G3).
+fn check_duplicate_bounds(ev: &Evidence, dup_per_fault: HashMap<usize, usize>, rep: &mut Report) {
+    let name = |s: u8| sender_name(ev, s);
     let mut per_fault: Vec<(usize, usize)> = dup_per_fault.into_iter().collect();
     per_fault.sort();
     for &(i, d) in &per_fault {
@@ -249,8 +276,10 @@ pub fn analyze(ev: &Evidence) -> Report {
         }
     }
     rep.per_fault = per_fault;
+}
 
-    // Per key, in id order: row n+1 first arrives after row n was first accepted.
+/// Per key, in id order: row n+1 first arrives after row n was first accepted.
+fn check_key_order(ev: &Evidence, by_id: &HashMap<i64, Vec<&Hit>>, rep: &mut Report) {
     let mut keys: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
     for r in ev.rows {
         if let Some(k) = &r.key {
@@ -282,24 +311,23 @@ pub fn analyze(ev: &Evidence) -> Report {
             }
         }
     }
+}
 
-    // Failovers (leader mode): a kill or pause of the holder to the next request by another.
-    if ev.leader {
-        for f in ev.faults.iter().filter(|f| f.holder) {
-            // After a kill the restarted instance may be the one that takes over; a paused
-            // one only counts once another instance delivered.
-            let next = ev
-                .hits
-                .iter()
-                .find(|h| {
-                    h.at > f.at + ON_THE_WIRE && (f.kind == Kind::Kill9 || Some(h.sender) != f.slot)
-                })
-                .map(|h| h.at - f.at);
-            rep.failovers
-                .push((f.kind, (f.at - ev.t0).as_secs_f64(), next));
-        }
+/// Failovers (leader mode): a kill or pause of the holder to the next request by another.
+fn note_failovers(ev: &Evidence, rep: &mut Report) {
+    for f in ev.faults.iter().filter(|f| f.holder) {
+        // After a kill the restarted instance may be the one that takes over; a paused
+        // one only counts once another instance delivered.
+        let next = ev
+            .hits
+            .iter()
+            .find(|h| {
+                h.at > f.at + ON_THE_WIRE && (f.kind == Kind::Kill9 || Some(h.sender) != f.slot)
+            })
+            .map(|h| h.at - f.at);
+        rep.failovers
+            .push((f.kind, (f.at - ev.t0).as_secs_f64(), next));
     }
-    rep
 }
 
 impl Report {
