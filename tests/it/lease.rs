@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::wait::*;
 use crate::support::*;
 use outbox_relay::lease::{DatabaseLease, Keeper, Lease, LeaseState};
 use outbox_relay::store::{Hold, LeaseTable, SqlStore};
@@ -65,18 +66,18 @@ async fn database_lease_primitives(db: Db) {
     );
 
     // Renewals keep it past several ttls.
-    let until = Instant::now() + ttl * 2;
-    while Instant::now() < until {
-        tokio::time::sleep(ttl / 4).await;
+    throughout(ttl * 2, ttl / 4, async || {
         assert!(bounded("renew A", store.lease_renew(Hold::new(&name, "A", e), ttl)).await);
         assert_eq!(
             bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
             None,
             "B took a lease that was being renewed"
         );
-    }
+    })
+    .await;
 
-    // A stops renewing: after its ttl, B acquires with the next epoch.
+    // A stops renewing: after its ttl (which the test lets pass), B acquires with the next
+    // epoch.
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
     let e2 = bounded(
         "acquire B",
@@ -171,8 +172,8 @@ async fn wait_for_holder(
     name: &str,
     within: Duration,
 ) -> (usize, i64) {
-    let until = Instant::now() + within;
-    loop {
+    // Every 5 ms: the hand-off tests time the moment it moves.
+    poll_every(Duration::from_millis(5), within, async || {
         let held: Vec<(usize, i64)> = rxs
             .iter()
             .enumerate()
@@ -182,14 +183,62 @@ async fn wait_for_holder(
             held.len() <= 1,
             "two keepers hold the lease at once: {held:?}"
         );
-        if let Some(&h) = held.first() {
-            return h;
+        held.first().copied()
+    })
+    .await
+    .unwrap_or_else(|| panic!("no keeper acquired the lease within {within:?}"))
+}
+
+/// A keeper of lease `td.table` for `holder`, once it holds: its lease, the keeper, its state,
+/// and the epoch it acquired.
+async fn holding_keeper(
+    td: &TestDb,
+    holder: &str,
+    ttl: Duration,
+    renew_timeout: Duration,
+) -> (Arc<DatabaseLease>, Keeper, watch::Receiver<LeaseState>, i64) {
+    let store = td.store.clone();
+    let lease = Arc::new(DatabaseLease::new(store.clone(), &td.table, holder, ttl));
+    let keeper = Keeper::start(lease.clone(), store, renew_timeout);
+    let rx = keeper.state();
+    let (_, epoch) = wait_for_holder(&[&rx], &td.table, Duration::from_secs(10)).await;
+    (lease, keeper, rx, epoch)
+}
+
+/// The deadline of the lease `rx` holds at `epoch`, which must still be ahead: panics when it
+/// is lost or its deadline passed, saying how long `since` (`when`: "into the stall") and `why`.
+fn live_deadline(
+    rx: &watch::Receiver<LeaseState>,
+    epoch: i64,
+    ttl: Duration,
+    since: Instant,
+    (when, why): (&str, &str),
+) -> Instant {
+    match *rx.borrow() {
+        LeaseState::Held {
+            epoch: e, deadline, ..
+        } => {
+            assert_eq!(e, epoch, "the epoch changed while held");
+            assert!(
+                Instant::now() < deadline,
+                "the deadline passed {:?} {when}: {why}",
+                since.elapsed()
+            );
+            deadline
         }
-        assert!(
-            Instant::now() < until,
-            "no keeper acquired the lease within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        LeaseState::Standby => panic!("lost the lease {:?} {when} (ttl {ttl:?})", since.elapsed()),
+    }
+}
+
+/// The distinct deadlines in a row of [`live_deadline`] readings: one per renewal.
+#[derive(Default)]
+struct Renewals(Vec<Instant>);
+
+impl Renewals {
+    fn note(&mut self, deadline: Instant) {
+        if self.0.last() != Some(&deadline) {
+            self.0.push(deadline);
+        }
     }
 }
 
@@ -218,8 +267,8 @@ async fn keepers_hand_off_on_release(db: Db) {
     let (first, epoch) = wait_for_holder(&[&rxs[0], &rxs[1]], &name, Duration::from_secs(10)).await;
     let other = 1 - first;
     // For a while (past one ttl, so renewals happen), exactly one holds it.
-    let until = Instant::now() + ttl + Duration::from_millis(500);
-    while Instant::now() < until {
+    let window = ttl + Duration::from_millis(500);
+    throughout(window, Duration::from_millis(20), async || {
         assert_eq!(
             held_fence(&rxs[first], &name),
             Some(epoch),
@@ -230,8 +279,8 @@ async fn keepers_hand_off_on_release(db: Db) {
             None,
             "the standby took it too"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
     let (holder, row_epoch) = td.lease_row(&name).await.expect("lease row");
     assert_eq!(row_epoch, epoch);
     assert!(holder.unwrap().starts_with(&format!("inst{first}#")));
@@ -275,48 +324,29 @@ async fn watchdog_keeps_the_lease_past_its_ttl(db: Db) {
     };
     let name = td.table.clone();
     let ttl = Duration::from_millis(600);
-    let renew_timeout = Duration::from_millis(100);
-    let store = td.store.clone();
-    let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "keeper", ttl));
-    let keeper = Keeper::start(lease, store.clone(), renew_timeout);
-    let rx = keeper.state();
-    let (_, epoch) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+    let (_, keeper, rx, epoch) =
+        holding_keeper(&td, "keeper", ttl, Duration::from_millis(100)).await;
     // A rival instance tries all the time and never gets it.
     let rival = second_store(&td).await;
 
     let held_since = Instant::now();
-    let mut last_deadline = None;
-    let mut deadlines = 0;
-    while held_since.elapsed() < Duration::from_secs(2) {
-        let state = *rx.borrow();
-        match state {
-            LeaseState::Held {
-                epoch: e, deadline, ..
-            } => {
-                assert_eq!(e, epoch, "the epoch changed while held");
-                assert!(
-                    Instant::now() < deadline,
-                    "the deadline passed after {:?} held: renewals are not keeping it",
-                    held_since.elapsed()
-                );
-                if last_deadline != Some(deadline) {
-                    deadlines += 1;
-                    last_deadline = Some(deadline);
-                }
-            }
-            LeaseState::Standby => panic!(
-                "lost the lease after {:?} (ttl {ttl:?})",
-                held_since.elapsed()
-            ),
-        }
-        assert_eq!(
-            bounded("rival acquire", rival.lease_acquire(&name, "rival", ttl)).await,
-            None,
-            "a rival took a lease that was being renewed"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let mut renewals = Renewals::default();
+    throughout(
+        Duration::from_secs(2),
+        Duration::from_millis(25),
+        async || {
+            let why = ("after it was taken", "renewals are not keeping it");
+            renewals.note(live_deadline(&rx, epoch, ttl, held_since, why));
+            assert_eq!(
+                bounded("rival acquire", rival.lease_acquire(&name, "rival", ttl)).await,
+                None,
+                "a rival took a lease that was being renewed"
+            );
+        },
+    )
+    .await;
     // Renewed every ttl/3 = 200ms: about ten deadlines in two seconds.
+    let deadlines = renewals.0.len();
     assert!(
         deadlines >= 5,
         "only {deadlines} distinct deadlines in 2s: the watchdog is not renewing"
@@ -335,11 +365,8 @@ async fn a_keeper_that_loses_its_lease_stops(db: Db) {
     };
     let name = td.table.clone();
     let ttl = Duration::from_millis(600);
-    let store = td.store.clone();
-    let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "victim", ttl));
-    let keeper = Keeper::start(lease.clone(), store.clone(), Duration::from_millis(100));
-    let rx = keeper.state();
-    let (_, epoch) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+    let (lease, keeper, rx, epoch) =
+        holding_keeper(&td, "victim", ttl, Duration::from_millis(100)).await;
 
     // Someone else takes the row over (an operator, a split brain) for 5s: the next renewal
     // is rejected and the keeper stops at once, well within one ttl.
@@ -351,15 +378,16 @@ async fn a_keeper_that_loses_its_lease_stops(db: Db) {
     .await;
     let thief_epoch = epoch + 1;
     let stolen = Instant::now();
-    let until = stolen + ttl * 2;
-    while held_fence(&rx, &name).is_some() {
-        assert!(
-            Instant::now() < until,
-            "G4: still believes it holds the lease {:?} after losing it",
-            stolen.elapsed()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Every 5 ms: the moment it notices is measured.
+    let noticed = poll_every(Duration::from_millis(5), ttl * 2, async || {
+        held_fence(&rx, &name).is_none().then_some(())
+    })
+    .await;
+    assert!(
+        noticed.is_some(),
+        "G4: still believes it holds the lease {:?} after losing it",
+        stolen.elapsed()
+    );
     eprintln!("{db:?}: loss noticed after {:?}", stolen.elapsed());
     assert!(
         stolen.elapsed() <= ttl,
@@ -368,11 +396,14 @@ async fn a_keeper_that_loses_its_lease_stops(db: Db) {
     );
     // It stays off while the thief's lease is live, and re-creates nothing.
     assert!(!bounded("renew", lease.renew()).await);
-    let quiet = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < quiet {
-        assert_eq!(*rx.borrow(), LeaseState::Standby, "took a live lease");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    throughout(
+        Duration::from_secs(1),
+        Duration::from_millis(20),
+        async || {
+            assert_eq!(*rx.borrow(), LeaseState::Standby, "took a live lease");
+        },
+    )
+    .await;
     assert_eq!(
         td.lease_row(&name).await.expect("lease row"),
         (Some("thief".into()), thief_epoch)
@@ -400,17 +431,12 @@ async fn renewals_keep_their_rhythm_while_the_pool_is_stalled(db: Db) {
     let Some(td) = TestDb::open(db, "ls_stall").await else {
         return;
     };
-    let name = td.table.clone();
     let ttl = Duration::from_millis(900);
-    let renew_timeout = Duration::from_millis(250);
-    let store = td.store.clone();
-    let lease = Arc::new(DatabaseLease::new(store.clone(), &name, "keeper", ttl));
-    let keeper = Keeper::start(lease, store.clone(), renew_timeout);
-    let rx = keeper.state();
-    let (_, epoch) = wait_for_holder(&[&rx], &name, Duration::from_secs(10)).await;
+    let (_, keeper, rx, epoch) =
+        holding_keeper(&td, "keeper", ttl, Duration::from_millis(250)).await;
 
     // Take every connection the store's pool may open, and keep them for 3 s.
-    let pool = store.pool();
+    let pool = td.store.pool();
     let mut held = Vec::new();
     while let Ok(Ok(conn)) = tokio::time::timeout(Duration::from_millis(500), pool.acquire()).await
     {
@@ -424,29 +450,17 @@ async fn renewals_keep_their_rhythm_while_the_pool_is_stalled(db: Db) {
         "the stall is not real: the pool still had a connection to give"
     );
     let stalled_since = Instant::now();
-    let mut deadlines = Vec::new();
-    while stalled_since.elapsed() < Duration::from_secs(3) {
-        match *rx.borrow() {
-            LeaseState::Held {
-                epoch: e, deadline, ..
-            } => {
-                assert_eq!(e, epoch, "the epoch changed while held");
-                assert!(
-                    Instant::now() < deadline,
-                    "the deadline passed {:?} into the stall: renewals waited for the pool",
-                    stalled_since.elapsed()
-                );
-                if deadlines.last() != Some(&deadline) {
-                    deadlines.push(deadline);
-                }
-            }
-            LeaseState::Standby => panic!(
-                "lost the lease {:?} into the stall (ttl {ttl:?})",
-                stalled_since.elapsed()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut renewals = Renewals::default();
+    throughout(
+        Duration::from_secs(3),
+        Duration::from_millis(20),
+        async || {
+            let why = ("into the stall", "renewals waited for the pool");
+            renewals.note(live_deadline(&rx, epoch, ttl, stalled_since, why));
+        },
+    )
+    .await;
+    let deadlines = renewals.0;
     drop(held);
     // ttl/3 = 300 ms: about ten renewals in 3 s; a renewal that waited for the pool would
     // have timed out (250 ms) and not moved the deadline.

@@ -52,6 +52,16 @@ fn claim_all() -> ClaimRequest {
     }
 }
 
+/// How long the rows age between their insert and the checks: what the oldest pending age
+/// must then show.
+const AGED: Duration = Duration::from_millis(1500);
+
+/// Lets the rows just inserted age [`AGED`]: the age, read back in another zone, is the
+/// subject of these tests.
+async fn let_rows_age() {
+    tokio::time::sleep(AGED).await;
+}
+
 /// Rows inserted `waited` ago from sessions in several zones: the oldest pending age is real
 /// (not 0 s, not hours) and every row is claimable now.
 async fn check_due_and_aged(store: &SqlStore, inserted: usize, waited: Duration) {
@@ -82,8 +92,8 @@ async fn application_sessions_in_any_zone() {
         app_insert(&td.url, &td.table, Some(zone), false).await;
         app_insert(&td.url, &td.table, Some(zone), true).await;
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    check_due_and_aged(&td.store, 8, Duration::from_millis(1500)).await;
+    let_rows_age().await;
+    check_due_and_aged(&td.store, 8, AGED).await;
     td.drop_table().await;
 }
 
@@ -100,8 +110,8 @@ async fn server_in_kst_delivers_at_once() {
     store.migrate().await.expect("migrate");
     app_insert(&url, &table, None, false).await;
     app_insert(&url, &table, Some("-05:00"), false).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    check_due_and_aged(&store, 2, Duration::from_millis(1500)).await;
+    let_rows_age().await;
+    check_due_and_aged(&store, 2, AGED).await;
 
     // End to end: the real relay on this server delivers a row the application just wrote.
     let rx = Receiver::start(None).await;
@@ -168,7 +178,7 @@ async fn datetime_tables_are_converted_without_delaying_rows() {
     .expect("version 1");
     app_insert(&url, &table, None, false).await;
     app_insert(&url, &table, None, false).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let_rows_age().await;
 
     let store = SqlStore::connect(&url, &table, 4, Duration::from_secs(5))
         .await
@@ -185,7 +195,7 @@ async fn datetime_tables_are_converted_without_delaying_rows() {
         types.iter().all(|t| t.eq_ignore_ascii_case("timestamp")),
         "{types:?}"
     );
-    check_due_and_aged(&store, 2, Duration::from_millis(1500)).await;
+    check_due_and_aged(&store, 2, AGED).await;
     // Migrating again changes nothing.
     store.migrate().await.expect("migrate again");
 }

@@ -352,14 +352,18 @@ async fn a_collector_that_is_stuck_or_down_costs_deliveries_nothing() {
 
 /// Waits (bounded) until spans dropped for `reason` are counted; returns the count.
 async fn until_metric(relay: &RelayProc, reason: &str) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let n = relay
+    let read = async || {
+        relay
             .metric_labelled("outbox_relay_spans_dropped_total", reason)
-            .await;
-        if n > 0.0 || Instant::now() >= deadline {
-            return n;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+            .await
+    };
+    // At the deadline the count as it is: the caller's assertion says what is missing.
+    match poll_every(POLL, Duration::from_secs(10), async || {
+        Some(read().await).filter(|n| *n > 0.0)
+    })
+    .await
+    {
+        Some(n) => n,
+        None => read().await,
     }
 }

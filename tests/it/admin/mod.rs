@@ -9,7 +9,7 @@
 //! `purge_all`, which is tested here at library level with the rules retention builds.
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::process::*;
 use crate::support::*;

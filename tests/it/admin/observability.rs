@@ -51,20 +51,23 @@ async fn metrics_output_passes_promtool_check() {
             .arg("run"),
         dir.path().join("relay.log"),
     );
-    let until = Instant::now() + Duration::from_secs(30);
-    let metrics = loop {
-        if let Some((200, body)) = fetch(&format!("{base}/metrics")).await
-            && body.contains(r#"outbox_relay_deliveries_total{sink="log",outcome="delivered"} 1"#)
-            && body.contains(r#"outbox_relay_rows{status="#)
-        {
-            break body;
-        }
-        assert!(
-            Instant::now() < until,
-            "no delivery seen on /metrics within 30s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let metrics = until_some(
+        "a delivery seen on /metrics",
+        Duration::from_secs(30),
+        || async {
+            fetch(&format!("{base}/metrics"))
+                .await
+                .and_then(|(code, body)| {
+                    (code == 200
+                        && body.contains(
+                            r#"outbox_relay_deliveries_total{sink="log",outcome="delivered"} 1"#,
+                        )
+                        && body.contains(r#"outbox_relay_rows{status="#))
+                    .then_some(body)
+                })
+        },
+    )
+    .await;
     // Every metric but the lease's renewals and losses, which no run this short may have had.
     for name in METRICS
         .iter()
@@ -131,15 +134,18 @@ async fn json_logs_never_show_secrets() {
     }
     let child = cmd.spawn().expect("spawn relay");
     let pid = child.id();
-    let until = Instant::now() + Duration::from_secs(20);
-    while fetch(&format!("http://127.0.0.1:{port}/healthz"))
-        .await
-        .is_none()
-    {
-        assert!(Instant::now() < until, "relay did not start");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    // A few connection attempts (500ms, 1s backoff).
+    until_or(
+        Duration::from_secs(20),
+        || async {
+            fetch(&format!("http://127.0.0.1:{port}/healthz"))
+                .await
+                .is_some()
+        },
+        || "relay did not start".into(),
+    )
+    .await;
+    // A few connection attempts (500ms, 1s backoff) for the log to show: its output is piped
+    // to the end, so the test cannot watch for them and gives them this long.
     tokio::time::sleep(Duration::from_secs(2)).await;
     Command::new("kill")
         .args(["-TERM", &pid.to_string()])

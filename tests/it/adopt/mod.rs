@@ -167,18 +167,18 @@ async fn snapshot(td: &TestDb) -> Vec<Vec<Option<String>>> {
             Db::Sqlite => format!("CAST({c} AS TEXT)"),
         })
         .collect();
-    let sql = format!("SELECT {} FROM {} ORDER BY id", exprs.join(", "), td.table);
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .fetch_all(td.store.pool())
-        .await
-        .expect("snapshot")
-        .iter()
-        .map(|r| {
-            (0..cols.len())
-                .map(|i| r.try_get::<Option<String>, _>(i).expect("text"))
-                .collect()
-        })
-        .collect()
+    td.fetch(&format!(
+        "SELECT {} FROM {{t}} ORDER BY id",
+        exprs.join(", ")
+    ))
+    .await
+    .iter()
+    .map(|r| {
+        (0..cols.len())
+            .map(|i| r.try_get::<Option<String>, _>(i).expect("text"))
+            .collect()
+    })
+    .collect()
 }
 
 /// Whether the table has column `c` (a SELECT of it works).
@@ -207,6 +207,42 @@ pub(super) async fn event(td: &TestDb, tx: &str) -> (String, i64, Option<String>
         r.try_get(1).expect("retry_count"),
         r.try_get(2).expect("error_message"),
     )
+}
+
+/// The id of the row with `transaction_set_id = tx`.
+pub(super) async fn event_id(td: &TestDb, tx: &str) -> i64 {
+    td.scalar(&format!(
+        "SELECT id FROM {{t}} WHERE transaction_set_id = '{tx}'"
+    ))
+    .await
+}
+
+/// (status, retry_count, error_message) of a row, as [`event`] reads it.
+pub(super) type Event = (String, i64, Option<String>);
+
+/// Waits (up to 30 s) until the rows with `transaction_set_id`s `txs` have the statuses
+/// `want`, and returns their [`event`]s; `seen` sees every reading on the way.
+pub(super) async fn wait_events<const N: usize>(
+    td: &TestDb,
+    relay: &RelayProc,
+    txs: [&str; N],
+    want: [&str; N],
+    mut seen: impl FnMut(&[Event]),
+) -> Vec<Event> {
+    until_reads(
+        Duration::from_secs(30),
+        async || {
+            let mut states = Vec::new();
+            for tx in txs {
+                states.push(event(td, tx).await);
+            }
+            seen(&states);
+            states
+        },
+        |states| states.iter().map(|s| s.0.as_str()).eq(want),
+        |states| format!("rows not finished: {states:?}\n{}", relay.log_text()),
+    )
+    .await
 }
 
 per_db!(adopt_adds_only_bookkeeping_and_leaves_the_rows_alone);
@@ -295,39 +331,20 @@ async fn the_relay_delivers_a_seed002_table_and_writes_its_own_values(db: Db) {
         ],
     )
     .await;
-    let id_of = |tx: &'static str| {
-        let td = &td;
-        async move {
-            td.scalar(&format!(
-                "SELECT id FROM {{t}} WHERE transaction_set_id = '{tx}'"
-            ))
-            .await
-        }
-    };
-    let (flaky, broken) = (id_of("flaky").await, id_of("broken").await);
+    let (flaky, broken) = (event_id(&td, "flaky").await, event_id(&td, "broken").await);
     rx.script(flaky, vec![Reply::status(503)]);
     rx.script(broken, vec![Reply::status(500); 3]);
     let relay = RelayProc::start(&td, &config, "adopter");
 
-    let deadline = Instant::now() + Duration::from_secs(30);
     let mut saw_retry = false;
-    loop {
-        let states = [
-            event(&td, "ok").await,
-            event(&td, "flaky").await,
-            event(&td, "broken").await,
-        ];
-        saw_retry |= states[2].0 == "RETRY";
-        if states[0].0 == "SUCCESS" && states[1].0 == "SUCCESS" && states[2].0 == "FAILED" {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rows not finished: {states:?}\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_events(
+        &td,
+        &relay,
+        ["ok", "flaky", "broken"],
+        ["SUCCESS", "SUCCESS", "FAILED"],
+        |states| saw_retry |= states[2].0 == "RETRY",
+    )
+    .await;
     assert!(
         saw_retry,
         "the failing row was never RETRY in the table's own column"
@@ -342,7 +359,7 @@ async fn the_relay_delivers_a_seed002_table_and_writes_its_own_values(db: Db) {
     );
 
     // The payload is the object the database built from the row's columns.
-    let first = rx.requests_for(id_of("ok").await);
+    let first = rx.requests_for(event_id(&td, "ok").await);
     let body: serde_json::Value = serde_json::from_str(&first[0].body).expect("JSON body");
     assert_eq!(
         body,
@@ -425,8 +442,16 @@ async fn postgres_notify_trigger_only_when_asked() {
     adopt(&td, &config).await;
     assert_eq!(td.scalar(&triggers).await, 1);
     let relay = RelayProc::start(&td, &config, "notified");
-    // Let the relay connect, listen and run its first (empty) claim before the insert.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The relay listens (its listener's LISTEN is the last statement of a session) before the
+    // insert.
+    let listening = format!(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %{}_new%'",
+        td.table
+    );
+    until("the relay's LISTEN", Duration::from_secs(10), async || {
+        td.scalar(&listening).await > 0
+    })
+    .await;
     let t0 = Instant::now();
     insert_events(&td, &[("now", "TPL_BOOKED", "010-1234-5678")]).await;
     rx.expect_requests(1, Duration::from_secs(5), "the notified row")

@@ -2,11 +2,11 @@
 //! a JSON column embedded in the payload and a table without retry state or counters, and
 //! the seed-002 table delivered through the Alimtalk sink to the NHN fake.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::{
-    SEED002_MAPPING, adopt, adopted_webhook, event, has_column, insert_events, seed002_table, text,
-    verb,
+    SEED002_MAPPING, adopt, adopted_webhook, has_column, insert_events, seed002_table, text, verb,
+    wait_events,
 };
 use crate::support::config::Config;
 use crate::support::process::*;
@@ -78,16 +78,13 @@ async fn integer_status_codes_and_absent_optional_columns(db: Db) {
     .await;
     rx.script(4, vec![Reply::status(500); 2]);
     let relay = RelayProc::start(&td, &config, "ints");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while states(&td).await != [1, 1, 2, 2, 2] {
-        assert!(
-            Instant::now() < deadline,
-            "states {:?}, want [1, 1, 2, 2, 2]\n{}",
-            states(&td).await,
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_reads(
+        Duration::from_secs(30),
+        async || states(&td).await,
+        |s| *s == [1, 1, 2, 2, 2],
+        |s| format!("states {s:?}, want [1, 1, 2, 2, 2]\n{}", relay.log_text()),
+    )
+    .await;
     assert_eq!(
         td.scalar("SELECT tries FROM {t} WHERE event_no = 4").await,
         2
@@ -148,41 +145,28 @@ async fn alimtalk_through_nhn_from_a_seed002_table(db: Db) {
     td.exec("UPDATE {t} SET category_code = NULL WHERE transaction_set_id = 'no-category'")
         .await;
     let relay = RelayProc::start(&td, &config, "kakao");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let states = [
-            event(&td, "good").await,
-            event(&td, "bad-phone").await,
-            event(&td, "no-category").await,
-        ];
-        if states
-            .iter()
-            .map(|s| s.0.as_str())
-            .eq(["SUCCESS", "FAILED", "FAILED"])
-        {
-            assert!(
-                states[1]
-                    .2
-                    .as_deref()
-                    .is_some_and(|e| e.contains("phone") || e.contains("digits")),
-                "{states:?}"
-            );
-            assert!(
-                states[2]
-                    .2
-                    .as_deref()
-                    .is_some_and(|e| e.contains("category_code")),
-                "{states:?}"
-            );
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "rows not finished: {states:?}\n{}",
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let states = wait_events(
+        &td,
+        &relay,
+        ["good", "bad-phone", "no-category"],
+        ["SUCCESS", "FAILED", "FAILED"],
+        |_| {},
+    )
+    .await;
+    assert!(
+        states[1]
+            .2
+            .as_deref()
+            .is_some_and(|e| e.contains("phone") || e.contains("digits")),
+        "{states:?}"
+    );
+    assert!(
+        states[2]
+            .2
+            .as_deref()
+            .is_some_and(|e| e.contains("category_code")),
+        "{states:?}"
+    );
     let sent = nhn.seen.all();
     assert_eq!(sent.len(), 1, "only the good row reaches the vendor");
     let body = sent[0].json();
@@ -237,15 +221,16 @@ async fn a_json_column_and_a_table_without_retry_state_or_counters(db: Db) {
     .await;
     rx.script(2, vec![Reply::status(503)]);
     let relay = RelayProc::start(&td, &config, "json");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while td
-        .scalar("SELECT COUNT(*) FROM {t} WHERE state = 'SENT'")
-        .await
-        != 2
-    {
-        assert!(Instant::now() < deadline, "not sent\n{}", relay.log_text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_or(
+        Duration::from_secs(30),
+        async || {
+            td.scalar("SELECT COUNT(*) FROM {t} WHERE state = 'SENT'")
+                .await
+                == 2
+        },
+        || format!("not sent\n{}", relay.log_text()),
+    )
+    .await;
     assert_eq!(td.scalar("SELECT attempts FROM {t} WHERE id = 2").await, 2);
     let body: serde_json::Value =
         serde_json::from_str(&rx.requests_for(1)[0].body).expect("JSON body");

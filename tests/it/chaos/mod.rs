@@ -38,6 +38,8 @@ use outbox_relay::store::SqlStore;
 use report::{Evidence, Fault, Kind, Row};
 use sqlx::Row as _;
 
+mod scenarios;
+
 /// The instances, by their `x-relay` header (each restart is a new instance id, `a-2`, ...).
 const SLOTS: [&str; 3] = ["a", "b", "c"];
 /// `batch_size` and `max_in_flight`: the duplicate bound per kill or pause.
@@ -195,6 +197,7 @@ async fn insert_rows(
     while seq < to && Instant::now() < deadline {
         let due = from + ((start.elapsed().as_secs_f64() * rate) as u64).min(to - from);
         if seq >= due {
+            // Ahead of the rate: the inserts are paced.
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         }
@@ -218,6 +221,7 @@ async fn insert_rows(
             }
             _ => {
                 out.uncertain += n;
+                // The database is down (a fault): back off a little before the next insert.
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -493,7 +497,8 @@ impl Run {
         let mut deck: Vec<Kind> = Vec::new();
         let mut first_deck_done = false;
         let mut next_kill = Instant::now() + self.rng.ms(4000, 8000);
-        // Let the instances start and get going first.
+        // Let the instances start and get going first: a random stretch of the run's schedule
+        // (drawn from its seed, like the gaps between faults below), not a wait for a state.
         tokio::time::sleep(self.rng.ms(1000, 3000)).await;
         loop {
             let now = Instant::now();
@@ -517,6 +522,7 @@ impl Run {
             };
             self.check_alive();
             self.inject(kind).await;
+            // The schedule's gap before the next fault.
             tokio::time::sleep(self.rng.ms(500, 2000)).await;
         }
     }
@@ -582,199 +588,4 @@ impl Run {
             })
             .collect()
     }
-}
-
-async fn chaos(mode: Mode, db: Db) {
-    let plan = Plan::from_env();
-    let scenario = format!(
-        "3 instances, {}, private {}",
-        match mode {
-            Mode::Claim => "relay.mode = \"claim\"",
-            Mode::Leader => "leader mode, redis lease",
-        },
-        if db == Db::Postgres {
-            "PostgreSQL"
-        } else {
-            "MariaDB"
-        }
-    );
-    println!(
-        "chaos run: {scenario}; seed {} (OUTBOX_RELAY_CHAOS_SEED), {} rows, {:?} of faults",
-        plan.seed, plan.rows, plan.duration
-    );
-    let Some(server) = Server::start(db).await else {
-        return;
-    };
-    let redis = match mode {
-        Mode::Leader => match RedisServer::start(&[]).await {
-            Some(r) => Some(r),
-            None => return,
-        },
-        Mode::Claim => None,
-    };
-    let url = server.url();
-    let table = unique_table("chaos");
-    let store = SqlStore::connect(&url, &table, 4, Duration::from_secs(5))
-        .await
-        .expect("connect to the private database");
-    store.migrate().await.expect("migrate");
-    let td = TestDb {
-        db,
-        url,
-        table,
-        store: Arc::new(store),
-        dir: tempfile::tempdir().expect("tempdir"),
-    };
-    let rx = StormReceiver::start(&SLOTS, CALM_ANSWER, SLOW_ANSWER).await;
-    let mut run = Run {
-        mode,
-        plan,
-        rng: Rng(plan.seed ^ mode as u64 ^ ((db as u64) << 8)),
-        server,
-        redis,
-        td,
-        rx,
-        slots: SLOTS
-            .iter()
-            .map(|&name| Slot {
-                name,
-                generation: 0,
-                proc: None,
-            })
-            .collect(),
-        faults: Vec::new(),
-        exits: Vec::new(),
-        t0: Instant::now(),
-    };
-
-    // A backlog first, then rows while the faults strike.
-    let backlog = (plan.rows / 5).max(1);
-    let backlog_rows = insert_rows(
-        run.td.store.clone(),
-        run.td.db,
-        run.td.table.clone(),
-        0,
-        backlog,
-        f64::INFINITY,
-        Instant::now() + Duration::from_secs(300),
-    )
-    .await;
-    assert_eq!(backlog_rows.uncertain, 0, "the backlog went in");
-    run.t0 = Instant::now();
-    for i in 0..SLOTS.len() {
-        run.start_slot(i);
-    }
-    let rate = (plan.rows - backlog) as f64 / plan.duration.as_secs_f64().max(1.0);
-    let inserter = tokio::spawn(insert_rows(
-        run.td.store.clone(),
-        run.td.db,
-        run.td.table.clone(),
-        backlog,
-        plan.rows,
-        rate,
-        run.t0 + plan.duration + Duration::from_secs(120),
-    ));
-    run.faults().await;
-    let mut inserted = tokio::time::timeout(Duration::from_secs(180), inserter)
-        .await
-        .expect("the inserter ends by its deadline")
-        .expect("inserter");
-    inserted.commits.extend(backlog_rows.commits);
-    run.log(&format!(
-        "faults over; {} rows committed, {} in failed transactions; draining",
-        inserted.commits.len(),
-        inserted.uncertain
-    ));
-
-    // Drain: every instance runs, every service is up, the receiver calm (all were restored
-    // by each fault); the rows of claims that died must come back within claim_ttl.
-    let drain = CLAIM_TTL * 3 + Duration::from_secs(30) + Duration::from_millis(plan.rows / 2);
-    let deadline = Instant::now() + drain;
-    loop {
-        run.check_alive();
-        let open = run.open_rows().await;
-        if matches!(open, Some((0, n)) if n as usize >= inserted.commits.len()) {
-            break;
-        }
-        if Instant::now() >= deadline {
-            run.log(&format!(
-                "drain did not finish within {drain:?}: {open:?}; first open rows:\n{}",
-                run.open_sample().await
-            ));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    run.log("drained; stopping the relays");
-    for slot in &mut run.slots {
-        if let Some(p) = slot.proc.as_mut() {
-            p.stop(SHUTDOWN_TIMEOUT + Duration::from_secs(5)).await;
-        }
-    }
-    let rows = run.table_rows().await;
-    let hits = run.rx.hits();
-    let rep = report::analyze(&Evidence {
-        scenario: scenario.clone(),
-        seed: plan.seed,
-        leader: mode == Mode::Leader,
-        max_in_flight: IN_FLIGHT as usize,
-        senders: &SLOTS,
-        rows: &rows,
-        hits: &hits,
-        faults: &run.faults,
-        commits: &inserted.commits,
-        t0: run.t0,
-    });
-    println!("{}", rep.table());
-    let mut problems = rep.problems();
-    problems.extend(run.exits.iter().cloned());
-    if !problems.is_empty() {
-        // Every instance's log, restarts included, for the post-mortem.
-        let dir = std::mem::replace(&mut run.td.dir, tempfile::tempdir().expect("tempdir"));
-        println!("relay logs kept in {}", dir.keep().display());
-        // The verdict must be the last thing a CI log shows, not three relays' logs after it.
-        for p in run.slots.iter_mut().filter_map(|s| s.proc.as_mut()) {
-            p.set_log_tail(0);
-        }
-    }
-    assert!(
-        problems.is_empty(),
-        "chaos run ({scenario}, seed {}) broke a guarantee:\n{}\n{}",
-        plan.seed,
-        problems.join("\n"),
-        rep.table()
-    );
-    run.td.drop_table().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_mode_survives_repeated_faults() {
-    chaos(Mode::Claim, Db::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leader_mode_with_redis_lease_survives_repeated_faults() {
-    chaos(Mode::Leader, Db::Postgres).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claim_mode_on_mariadb_survives_repeated_faults() {
-    chaos(Mode::Claim, Db::MySql).await;
-}
-
-#[test]
-fn durations_and_keys() {
-    assert_eq!(parse_duration("90"), Some(Duration::from_secs(90)));
-    assert_eq!(parse_duration("90s"), Some(Duration::from_secs(90)));
-    assert_eq!(parse_duration("10m"), Some(Duration::from_secs(600)));
-    assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
-    assert_eq!(parse_duration("5x"), None);
-    let keyed = (0..10_000).filter(|&s| key_of(s).is_some()).count();
-    assert!((2_500..3_500).contains(&keyed), "{keyed}");
-    let mut a = Rng(7);
-    let mut b = Rng(7);
-    assert_eq!(
-        (0..5).map(|_| a.next()).collect::<Vec<_>>(),
-        (0..5).map(|_| b.next()).collect::<Vec<_>>()
-    );
 }

@@ -31,13 +31,9 @@ fn refused_key(toml: &str, vars: &[(&str, &str)]) -> ConfigError {
     }
 }
 
-#[test]
-fn unknown_keys_are_refused_by_their_full_path_at_every_depth() {
-    let payload = format!(
-        "{}[table.payload_object]\nbody = {{ json = \"body\" }}\n",
-        TABLE.replace("payload = \"body\"\n", "")
-    );
-    let cases: Vec<Case> = vec![
+/// Unknown keys in a file, at every depth: (the file, no variables, the key refused).
+fn unknown_keys_in_files() -> Vec<Case<'static>> {
+    vec![
         ("relays = 1\n".into(), vec![], "relays"),
         ("[relay]\nbatchsize = 5\n".into(), vec![], "relay.batchsize"),
         ("[database]\nurll = \"x\"\n".into(), vec![], "database.urll"),
@@ -108,7 +104,12 @@ fn unknown_keys_are_refused_by_their_full_path_at_every_depth() {
             vec![],
             "sinks.n.subjct",
         ),
-        // The same from the environment, at each depth.
+    ]
+}
+
+/// The same from the environment, at each depth (`payload`: a table with a payload object).
+fn unknown_keys_in_the_environment(payload: &str) -> Vec<Case<'static>> {
+    vec![
         ("".into(), vec![("OUTBOX_RELAY__RELAYS__X", "1")], "relays"),
         (
             "".into(),
@@ -126,7 +127,7 @@ fn unknown_keys_are_refused_by_their_full_path_at_every_depth() {
             "table.status.pendin",
         ),
         (
-            payload.clone(),
+            payload.to_string(),
             vec![("OUTBOX_RELAY__TABLE__PAYLOAD_OBJECT__BODY__AS_TEXT", "true")],
             "table.payload_object.body.as_text",
         ),
@@ -140,7 +141,17 @@ fn unknown_keys_are_refused_by_their_full_path_at_every_depth() {
             vec![("OUTBOX_RELAY__CONSOLE__TOKN", "x")],
             "console.tokn",
         ),
-    ];
+    ]
+}
+
+#[test]
+fn unknown_keys_are_refused_by_their_full_path_at_every_depth() {
+    let payload = format!(
+        "{}[table.payload_object]\nbody = {{ json = \"body\" }}\n",
+        TABLE.replace("payload = \"body\"\n", "")
+    );
+    let mut cases = unknown_keys_in_files();
+    cases.extend(unknown_keys_in_the_environment(&payload));
     for (toml, vars, key) in &cases {
         let e = refused_key(toml, vars);
         assert_eq!(e.key, *key, "{toml:?} {vars:?}: {e}");

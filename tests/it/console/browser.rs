@@ -48,33 +48,9 @@ async fn attacker_page(target: &str) -> (String, tokio::task::JoinHandle<()>) {
     (format!("http://localhost:{port}/"), task)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn console_in_a_real_browser() {
-    let Some(browser) = Browser::start().await else {
-        return;
-    };
-    let Some(td) = TestDb::open(Db::Postgres, "console_browser").await else {
-        return;
-    };
-    let rx = Receiver::start(None).await;
-    let rows = seed(&td).await;
-    td.insert_hooks(3).await;
-    let (_relay, base) = start_relay(&td, &rx, |c| c).await;
-    rx.expect_requests(3, Duration::from_secs(10), "the 3 due rows")
-        .await;
-    until(
-        "the 3 due rows recorded",
-        Duration::from_secs(10),
-        || async {
-            td.scalar("SELECT COUNT(*) FROM {t} WHERE status = 'SUCCESS'")
-                .await
-                == 3
-        },
-    )
-    .await;
-    browser.resize(1280, 900).await;
-
-    // Without the token: sent to the login page, nothing of the table shown.
+/// Without the token: sent to the login page, nothing of the table shown; a wrong token,
+/// then the right one.
+async fn log_in(browser: &Browser, base: &str) {
     browser.goto(&format!("{base}/failed")).await;
     assert!(
         browser.url().await.contains("/login"),
@@ -105,8 +81,10 @@ async fn console_in_a_real_browser() {
         "{}",
         browser.url().await
     );
+}
 
-    // The overview's numbers are the table's.
+/// The overview's numbers are the table's, and its live view updates.
+async fn check_overview(browser: &Browser, base: &str, td: &TestDb) {
     browser.goto(&format!("{base}/")).await;
     let cell =
         |channel: &str, key: &str| format!(r#"tr[data-channel="{channel}"] td[data-k="{key}"]"#);
@@ -136,6 +114,37 @@ async fn console_in_a_real_browser() {
     if let Some(p) = screenshot_path("console-overview.png") {
         browser.screenshot(&p).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_in_a_real_browser() {
+    let Some(browser) = Browser::start().await else {
+        return;
+    };
+    let Some(td) = TestDb::open(Db::Postgres, "console_browser").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    let rows = seed(&td).await;
+    td.insert_hooks(3).await;
+    let (_relay, base) = start_relay(&td, &rx, |c| c).await;
+    rx.expect_requests(3, Duration::from_secs(10), "the 3 due rows")
+        .await;
+    until(
+        "the 3 due rows recorded",
+        Duration::from_secs(10),
+        || async {
+            td.scalar("SELECT COUNT(*) FROM {t} WHERE status = 'SUCCESS'")
+                .await
+                == 3
+        },
+    )
+    .await;
+    browser.resize(1280, 900).await;
+
+    log_in(&browser, &base).await;
+
+    check_overview(&browser, &base, &td).await;
 
     // Filtering failed rows.
     browser.goto(&format!("{base}/failed")).await;

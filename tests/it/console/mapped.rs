@@ -13,7 +13,9 @@
 use std::time::Duration;
 
 use crate::adopt::shapes::{INTEGER_MAPPING, integer_table};
-use crate::adopt::{SEED002_MAPPING, adopt, event, insert_events, seed002_table, text, verb};
+use crate::adopt::{
+    SEED002_MAPPING, adopt, event, event_id, insert_events, seed002_table, text, verb,
+};
 use crate::support::config::Config;
 use crate::support::console::*;
 use crate::support::process::*;
@@ -36,24 +38,12 @@ fn cell_html<'a>(html: &'a str, channel: &str, key: &str) -> &'a str {
     &cell[..cell.find("</td>").unwrap_or(cell.len())]
 }
 
-async fn seed002_table_in_the_console(db: Db) {
-    let Some(td) = seed002_table(db).await else {
-        return;
-    };
-    let rx = Receiver::start(None).await;
-    let mapped = |c: Config| {
-        c.sections(SEED002_MAPPING)
-            .console_key("show_payloads", "true")
-    };
-    let config = mapped(Config::webhook(&rx.url()).console(TOKEN));
-    adopt(&td, &config).await;
-    // The console is accepted with [table], and said to be on.
-    let out = verb(&td, &config, &["check-config"]).await;
-    assert!(out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("console: listen="), "{}", text(&out));
-
+/// The seed-002 rows in every state: pending (left alone for an hour), RETRY, FAILED (one
+/// two days old), SUCCESS (one delivered two hours ago).
+async fn seed_states(td: &TestDb) {
+    let db = td.db;
     insert_events(
-        &td,
+        td,
         &[
             ("p1", "TPL_BOOKED", PHONE),
             ("p2", "TPL_BOOKED", PHONE),
@@ -73,6 +63,12 @@ async fn seed002_table_in_the_console(db: Db) {
         db_time(db, -2 * 3600),
         db_time(db, -2 * 86_400),
     );
+    let failed = |tx: &str, error: &str| {
+        format!(
+            "UPDATE {{t}} SET status = 'FAILED', retry_count = 3, error_message = '{error}' \
+             WHERE transaction_set_id = '{tx}'"
+        )
+    };
     for sql in [
         // Unfinished rows the relay leaves alone for an hour (the bookkeeping column
         // `migrate --adopt` added; NULL would be due now).
@@ -82,15 +78,9 @@ async fn seed002_table_in_the_console(db: Db) {
         "UPDATE {t} SET status = 'RETRY', retry_count = 1, error_message = 'HTTP 503' \
          WHERE transaction_set_id = 'r1'"
             .into(),
-        "UPDATE {t} SET status = 'FAILED', retry_count = 3, error_message = 'ApiPlex 500: boom 1' \
-         WHERE transaction_set_id = 'f-boom-1'"
-            .into(),
-        "UPDATE {t} SET status = 'FAILED', retry_count = 3, error_message = 'ApiPlex 500: BOOM 2' \
-         WHERE transaction_set_id = 'f-boom-2'"
-            .into(),
-        "UPDATE {t} SET status = 'FAILED', retry_count = 3, error_message = 'timeout after 5s' \
-         WHERE transaction_set_id = 'f-timeout'"
-            .into(),
+        failed("f-boom-1", "ApiPlex 500: boom 1"),
+        failed("f-boom-2", "ApiPlex 500: BOOM 2"),
+        failed("f-timeout", "timeout after 5s"),
         format!(
             "UPDATE {{t}} SET status = 'FAILED', retry_count = 3, error_message = 'ApiPlex 500: old', \
              created_at = {days_ago}, updated_at = {days_ago} WHERE transaction_set_id = 'f-old'"
@@ -101,66 +91,19 @@ async fn seed002_table_in_the_console(db: Db) {
     ] {
         td.exec(&sql).await;
     }
-    let id_of = |tx: &'static str| {
-        let td = &td;
-        async move {
-            td.scalar(&format!(
-                "SELECT id FROM {{t}} WHERE transaction_set_id = '{tx}'"
-            ))
-            .await
-        }
-    };
-    let (old, boom1, boom2, timeout) = (
-        id_of("f-old").await,
-        id_of("f-boom-1").await,
-        id_of("f-boom-2").await,
-        id_of("f-timeout").await,
-    );
-    let count = |status: &'static str| {
-        let td = &td;
-        async move {
-            td.scalar(&format!(
-                "SELECT COUNT(*) FROM {{t}} WHERE status = '{status}'"
-            ))
-            .await
-        }
-    };
+}
 
-    let (relay, base) = start_relay(&td, &rx, mapped).await;
-    let mut c = ConsoleClient::new(&base);
-    assert_eq!(c.login(TOKEN, "alice").await.status, 303);
+/// The rows with `status`.
+async fn count_status(td: &TestDb, status: &str) -> i64 {
+    td.scalar(&format!(
+        "SELECT COUNT(*) FROM {{t}} WHERE status = '{status}'"
+    ))
+    .await
+}
 
-    // The overview: the table's counts under the relay's state names, on the one channel.
-    let page = c.get("/").await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    assert!(page.body.contains(r#"id="mapped""#), "{}", page.body);
-    for (key, status, n) in [
-        ("pending", "PENDING", 2),
-        ("retry", "RETRY", 1),
-        ("failed", "FAILED", 4),
-    ] {
-        assert_eq!(count(status).await, n, "the seeded table");
-        assert_eq!(
-            cell(&page.body, "hook", key),
-            Some(n),
-            "{key} in:\n{}",
-            page.body
-        );
-    }
-    // Delivered in the last hour: by the table's updated_at (s-old is two hours old).
-    assert_eq!(
-        cell(&page.body, "hook", "delivered"),
-        Some(2),
-        "{}",
-        page.body
-    );
-    // created_at is mapped: the oldest pending row has an age.
-    let oldest = cell_html(&page.body, "hook", "oldest");
-    assert!(
-        oldest.ends_with('s') && !oldest.contains("not mapped"),
-        "{oldest}"
-    );
-
+/// The failed list: newest first (`[timeout, boom2, boom1, old]`), with the error text;
+/// recipients are not in it; its filters.
+async fn assert_failed_list(c: &ConsoleClient, [timeout, boom2, boom1, old]: [i64; 4]) {
     // The failed list: newest first, with the error text; recipients are not in it.
     let list = c.get("/failed").await;
     assert_eq!(list.status, 200, "{}", list.body);
@@ -173,13 +116,10 @@ async fn seed002_table_in_the_console(db: Db) {
         list.body
     );
     // Filters: error text (case-insensitive), the constant channel, mapped created_at.
-    let ids = |path: &'static str| {
-        let c = &c;
-        async move {
-            let a = c.get(path).await;
-            assert_eq!(a.status, 200, "{path}: {}", a.body);
-            failed_ids(&a.body)
-        }
+    let ids = |path: &'static str| async move {
+        let a = c.get(path).await;
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+        failed_ids(&a.body)
     };
     assert_eq!(ids("/failed?error=boom").await, vec![boom2, boom1]);
     assert_eq!(ids("/failed?error=timeout").await, vec![timeout]);
@@ -187,7 +127,11 @@ async fn seed002_table_in_the_console(db: Db) {
     assert!(ids("/failed?channel=other").await.is_empty());
     assert_eq!(ids("/failed?from=1d").await, vec![timeout, boom2, boom1]);
     assert_eq!(ids("/failed?to=1d").await, vec![old]);
+}
 
+/// The row page: mapped values, the state's name, the recipient masked, the payload as the
+/// sink gets it (built from the columns), absent columns said so.
+async fn assert_row_pages(c: &ConsoleClient, td: &TestDb, boom1: i64) {
     // The row page: mapped values, the state's name, the recipient masked, the payload as
     // the sink gets it (built from the columns), absent columns said so.
     let row = c.get(&format!("/row/{boom1}")).await;
@@ -213,15 +157,79 @@ async fn seed002_table_in_the_console(db: Db) {
         row.body
     );
     for (tx, name) in [("r1", "RETRY"), ("p1", "PENDING"), ("s-1", "SUCCESS")] {
-        let row = c.get(&format!("/row/{}", id_of(tx).await)).await;
+        let row = c.get(&format!("/row/{}", event_id(td, tx).await)).await;
         assert!(
             row.body.contains(&format!(r#"id="status">{name}<"#)),
             "{tx}: {}",
             row.body
         );
     }
-    let done = c.get(&format!("/row/{}", id_of("s-1").await)).await;
+    let done = c.get(&format!("/row/{}", event_id(td, "s-1").await)).await;
     assert!(done.body.contains("Only FAILED rows"), "{}", done.body);
+}
+
+async fn seed002_table_in_the_console(db: Db) {
+    let Some(td) = seed002_table(db).await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    let mapped = |c: Config| {
+        c.sections(SEED002_MAPPING)
+            .console_key("show_payloads", "true")
+    };
+    let config = mapped(Config::webhook(&rx.url()).console(TOKEN));
+    adopt(&td, &config).await;
+    // The console is accepted with [table], and said to be on.
+    let out = verb(&td, &config, &["check-config"]).await;
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("console: listen="), "{}", text(&out));
+
+    seed_states(&td).await;
+    let (old, boom1, boom2, timeout) = (
+        event_id(&td, "f-old").await,
+        event_id(&td, "f-boom-1").await,
+        event_id(&td, "f-boom-2").await,
+        event_id(&td, "f-timeout").await,
+    );
+
+    let (relay, base) = start_relay(&td, &rx, mapped).await;
+    let mut c = ConsoleClient::new(&base);
+    assert_eq!(c.login(TOKEN, "alice").await.status, 303);
+
+    // The overview: the table's counts under the relay's state names, on the one channel.
+    let page = c.get("/").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(r#"id="mapped""#), "{}", page.body);
+    for (key, status, n) in [
+        ("pending", "PENDING", 2),
+        ("retry", "RETRY", 1),
+        ("failed", "FAILED", 4),
+    ] {
+        assert_eq!(count_status(&td, status).await, n, "the seeded table");
+        assert_eq!(
+            cell(&page.body, "hook", key),
+            Some(n),
+            "{key} in:\n{}",
+            page.body
+        );
+    }
+    // Delivered in the last hour: by the table's updated_at (s-old is two hours old).
+    assert_eq!(
+        cell(&page.body, "hook", "delivered"),
+        Some(2),
+        "{}",
+        page.body
+    );
+    // created_at is mapped: the oldest pending row has an age.
+    let oldest = cell_html(&page.body, "hook", "oldest");
+    assert!(
+        oldest.ends_with('s') && !oldest.contains("not mapped"),
+        "{oldest}"
+    );
+
+    assert_failed_list(&c, [timeout, boom2, boom1, old]).await;
+
+    assert_row_pages(&c, &td, boom1).await;
 
     // Requeue from the console: the table's own pending value with a fresh budget, then
     // delivered by the relay, which writes the table's success value.
@@ -251,7 +259,7 @@ async fn seed002_table_in_the_console(db: Db) {
     })
     .await;
     assert_eq!(event(&td, "f-boom-1").await, ("SUCCESS".into(), 1, None));
-    assert_eq!(count("FAILED").await, 3);
+    assert_eq!(count_status(&td, "FAILED").await, 3);
 
     // Purge by the table's updated_at: only the FAILED row two days old.
     let confirm = c.get("/purge?older_than=1d").await;
@@ -265,8 +273,12 @@ async fn seed002_table_in_the_console(db: Db) {
         .await;
     assert!(a.body.contains("Deleted 1 FAILED row(s)"), "{}", a.body);
     assert_eq!(status_of(&td, old).await, "MISSING");
-    assert_eq!(count("FAILED").await, 2);
-    assert_eq!(count("SUCCESS").await, 4, "nothing delivered was purged");
+    assert_eq!(count_status(&td, "FAILED").await, 2);
+    assert_eq!(
+        count_status(&td, "SUCCESS").await,
+        4,
+        "nothing delivered was purged"
+    );
 }
 per_db!(seed002_table_in_the_console);
 
@@ -274,6 +286,86 @@ per_db!(seed002_table_in_the_console);
 async fn state(td: &TestDb, id: i64) -> i64 {
     td.scalar(&format!("SELECT state FROM {{t}} WHERE event_no = {id}"))
         .await
+}
+
+/// The overview of the integer table: both pending codes count as pending; no created_at:
+/// the oldest age is not known.
+async fn assert_integer_overview(c: &ConsoleClient) {
+    let page = c.get("/").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(
+        cell(&page.body, "hook", "pending"),
+        Some(2),
+        "{}",
+        page.body
+    );
+    assert_eq!(cell(&page.body, "hook", "failed"), Some(2), "{}", page.body);
+    assert_eq!(
+        cell(&page.body, "other", "failed"),
+        Some(1),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        cell(&page.body, "hook", "delivered"),
+        Some(0),
+        "{}",
+        page.body
+    );
+    assert!(
+        cell_html(&page.body, "hook", "oldest").contains("not mapped"),
+        "{}",
+        page.body
+    );
+}
+
+/// The failed list of the integer table by the mapped channel column (filters on absent
+/// columns are not offered, and refused naming the key when asked for anyway), and its row
+/// pages: the second pending code is PENDING; absent columns are "not mapped", the NULL
+/// ordering key "–", the payload hidden by default.
+async fn assert_integer_list_and_rows(c: &ConsoleClient) {
+    let list = c.get("/failed").await;
+    assert_eq!(list.status, 200, "{}", list.body);
+    assert_eq!(failed_ids(&list.body), vec![5, 4, 3]);
+    assert!(
+        !list.body.contains(r#"id="f-error""#) && !list.body.contains(r#"id="f-from""#),
+        "{}",
+        list.body
+    );
+    assert!(list.body.contains("not mapped"), "{}", list.body);
+    assert_eq!(
+        failed_ids(&c.get("/failed?channel=other").await.body),
+        vec![5]
+    );
+    for (path, key) in [
+        ("/failed?error=boom", "table.columns.last_error"),
+        ("/failed?from=1h", "table.columns.created_at"),
+        ("/requeue?to=2026-01-01", "table.columns.created_at"),
+    ] {
+        let a = c.get(path).await;
+        assert_eq!(a.status, 400, "{path}: {}", a.body);
+        assert!(a.body.contains(key), "{path} should name {key}: {}", a.body);
+    }
+
+    let row = c.get("/row/2").await;
+    assert_eq!(row.status, 200, "{}", row.body);
+    for want in [
+        r#"id="status">PENDING<"#,
+        r#"id="recipient"><span class="hint na">not mapped<"#,
+        r#"id="last-error" class="err"><span class="hint na">not mapped<"#,
+        r#"id="created"><span class="hint na">not mapped<"#,
+        r#"id="ordering-key">–<"#,
+        "Hidden (",
+    ] {
+        assert!(row.body.contains(want), "{want} not in:\n{}", row.body);
+    }
+    assert!(!row.body.contains("&quot;n&quot;"), "{}", row.body);
+    let row = c.get("/row/3").await;
+    assert!(
+        row.body.contains(r#"id="status">FAILED<"#) && row.body.contains(r#"id="attempts">2<"#),
+        "{}",
+        row.body
+    );
 }
 
 async fn integer_codes_and_absent_columns_in_the_console(db: Db) {
@@ -303,80 +395,9 @@ async fn integer_codes_and_absent_columns_in_the_console(db: Db) {
     let mut c = ConsoleClient::new(&base);
     assert_eq!(c.login(TOKEN, "alice").await.status, 303);
 
-    // Both pending codes count as pending; no created_at: the oldest age is not known.
-    let page = c.get("/").await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    assert_eq!(
-        cell(&page.body, "hook", "pending"),
-        Some(2),
-        "{}",
-        page.body
-    );
-    assert_eq!(cell(&page.body, "hook", "failed"), Some(2), "{}", page.body);
-    assert_eq!(
-        cell(&page.body, "other", "failed"),
-        Some(1),
-        "{}",
-        page.body
-    );
-    assert_eq!(
-        cell(&page.body, "hook", "delivered"),
-        Some(0),
-        "{}",
-        page.body
-    );
-    assert!(
-        cell_html(&page.body, "hook", "oldest").contains("not mapped"),
-        "{}",
-        page.body
-    );
+    assert_integer_overview(&c).await;
 
-    // The list by the mapped channel column; filters on absent columns are not offered, and
-    // refused (naming the key) when asked for anyway.
-    let list = c.get("/failed").await;
-    assert_eq!(list.status, 200, "{}", list.body);
-    assert_eq!(failed_ids(&list.body), vec![5, 4, 3]);
-    assert!(
-        !list.body.contains(r#"id="f-error""#) && !list.body.contains(r#"id="f-from""#),
-        "{}",
-        list.body
-    );
-    assert!(list.body.contains("not mapped"), "{}", list.body);
-    assert_eq!(
-        failed_ids(&c.get("/failed?channel=other").await.body),
-        vec![5]
-    );
-    for (path, key) in [
-        ("/failed?error=boom", "table.columns.last_error"),
-        ("/failed?from=1h", "table.columns.created_at"),
-        ("/requeue?to=2026-01-01", "table.columns.created_at"),
-    ] {
-        let a = c.get(path).await;
-        assert_eq!(a.status, 400, "{path}: {}", a.body);
-        assert!(a.body.contains(key), "{path} should name {key}: {}", a.body);
-    }
-
-    // The row page: the second pending code is PENDING; absent columns are "not mapped",
-    // the NULL ordering key "–", the payload hidden by default.
-    let row = c.get("/row/2").await;
-    assert_eq!(row.status, 200, "{}", row.body);
-    for want in [
-        r#"id="status">PENDING<"#,
-        r#"id="recipient"><span class="hint na">not mapped<"#,
-        r#"id="last-error" class="err"><span class="hint na">not mapped<"#,
-        r#"id="created"><span class="hint na">not mapped<"#,
-        r#"id="ordering-key">–<"#,
-        "Hidden (",
-    ] {
-        assert!(row.body.contains(want), "{want} not in:\n{}", row.body);
-    }
-    assert!(!row.body.contains("&quot;n&quot;"), "{}", row.body);
-    let row = c.get("/row/3").await;
-    assert!(
-        row.body.contains(r#"id="status">FAILED<"#) && row.body.contains(r#"id="attempts">2<"#),
-        "{}",
-        row.body
-    );
+    assert_integer_list_and_rows(&c).await;
 
     // A confirmed selection (the hook rows) is requeued to the first pending code, then
     // delivered; the row of the other channel is left FAILED.

@@ -80,7 +80,7 @@ async fn wrong_tokens_are_throttled_across_connections_and_the_right_one_is_not(
         .collect();
 
     // During the attack the right token goes through at once: from an attacking address
-    // (login and bearer) and from another.
+    // (login and bearer) and from another. A second into the attack, so it is in full swing.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let mut right = Vec::new();
     for (n, login) in [(2, true), (3, false), (1, true), (1, false)] {

@@ -53,7 +53,32 @@ fn pg(sql: &str) -> String {
         .collect()
 }
 
+/// `sql` (a `GET_LOCK` or `RELEASE_LOCK` of `name`) on the Java side's session: its value.
+async fn lock_function(conn: &mut AnyConnection, sql: &'static str, name: &str) -> Option<i64> {
+    let row = sqlx::query(sql)
+        .bind(name)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    row.try_get::<Option<i64>, _>(0)
+        .expect("lock function value")
+}
+
 impl JavaLock {
+    /// ShedLock's connection, database, table and (name, locked_by); `None` for the others.
+    fn shedlock(&mut self) -> Option<(&mut AnyConnection, Db, &str, (&str, &str))> {
+        match self {
+            JavaLock::ShedLock {
+                conn,
+                db,
+                table,
+                name,
+                locked_by,
+            } => Some((conn, *db, table, (name, locked_by))),
+            _ => None,
+        }
+    }
+
     /// One attempt (Redisson `tryLock()`, ShedLock `lock()`, `GET_LOCK(name, 0)`).
     pub async fn try_lock(&mut self) -> bool {
         self.try_lock_for(JAVA_LEASE_MS).await
@@ -70,20 +95,13 @@ impl JavaLock {
                     .expect("redisson tryLock");
                 r.is_nil()
             }
-            JavaLock::ShedLock {
-                conn,
-                db,
-                table,
-                name,
-                locked_by,
-            } => shedlock_lock(conn, *db, table, (name, locked_by), lease_ms).await,
+            JavaLock::ShedLock { .. } => {
+                let (conn, db, table, who) = self.shedlock().expect("ShedLock");
+                shedlock_lock(conn, db, table, who, lease_ms).await
+            }
             JavaLock::GetLock { conn, name } => {
-                let row = sqlx::query("SELECT CAST(GET_LOCK(?, 0) AS SIGNED)")
-                    .bind(name.as_str())
-                    .fetch_one(&mut *conn)
-                    .await
-                    .expect("GET_LOCK");
-                row.try_get::<Option<i64>, _>(0).expect("GET_LOCK value") == Some(1)
+                let sql = "SELECT CAST(GET_LOCK(?, 0) AS SIGNED)";
+                lock_function(conn, sql, name).await == Some(1)
             }
         }
     }
@@ -103,13 +121,8 @@ impl JavaLock {
                 .expect("redisson unlock");
                 assert_eq!(r, Resp::Int(1), "the Java side's unlock must find its hold");
             }
-            JavaLock::ShedLock {
-                conn,
-                db,
-                table,
-                name,
-                locked_by,
-            } => {
+            JavaLock::ShedLock { .. } => {
+                let (conn, db, table, (name, locked_by)) = self.shedlock().expect("ShedLock");
                 let sql = match db {
                     Db::Postgres => pg(&format!(
                         "UPDATE {table} SET lock_until = CASE WHEN locked_at + cast(? as interval) > timezone('utc', CURRENT_TIMESTAMP) THEN locked_at + cast(? as interval) ELSE timezone('utc', CURRENT_TIMESTAMP) END WHERE name = ? AND locked_by = ?"
@@ -129,8 +142,8 @@ impl JavaLock {
                 let n = sqlx::query(sqlx::AssertSqlSafe(sql))
                     .bind(at_least)
                     .bind(at_least)
-                    .bind(name.as_str())
-                    .bind(locked_by.as_str())
+                    .bind(name)
+                    .bind(locked_by)
                     .execute(&mut *conn)
                     .await
                     .expect("shedlock unlock")
@@ -138,12 +151,8 @@ impl JavaLock {
                 assert_eq!(n, 1, "the Java side's unlock must find its row");
             }
             JavaLock::GetLock { conn, name } => {
-                let row = sqlx::query("SELECT CAST(RELEASE_LOCK(?) AS SIGNED)")
-                    .bind(name.as_str())
-                    .fetch_one(&mut *conn)
-                    .await
-                    .expect("RELEASE_LOCK");
-                assert_eq!(row.try_get::<Option<i64>, _>(0).expect("value"), Some(1));
+                let sql = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED)";
+                assert_eq!(lock_function(conn, sql, name).await, Some(1));
             }
         }
     }

@@ -268,6 +268,7 @@ async fn java_holds_then_relay_takes_over(kind: Kind) {
     // still find it).
     let mut waiting = w.start_relay("r0");
     waiting.http_addr().await;
+    // Let it try to acquire a few times: a failed try shows in neither its log nor its metrics.
     tokio::time::sleep(Duration::from_millis(300)).await;
     waiting.sigterm();
     assert!(waiting.wait_exit(Duration::from_secs(10)).await.success());
@@ -302,6 +303,7 @@ async fn java_crash_then_relay_takes_over_at_expiry(kind: Kind) {
     let t_lock = Instant::now();
     w.td.insert_hooks(3).await;
     let _relay = w.start_relay("r1");
+    // A second of the Java side's hold, in which nothing may be delivered.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
         w.rx.requests().is_empty(),
@@ -347,14 +349,13 @@ async fn relay_holds_then_java_takes_over(kind: Kind) {
         .await;
     w.assert_relay_holds_in_java_format("r1").await;
     // Across several renewals the Java side never gets in.
-    let until = Instant::now() + TTL + TTL / 2;
-    while Instant::now() < until {
+    throughout(TTL + TTL / 2, Duration::from_millis(100), async || {
         assert!(
             !w.java.try_lock().await,
             "the Java side locked while the relay held"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let mut sub = match &w.java {
         JavaLock::Redisson { port, name, .. } => Some(
             Subscription::open(*port, &format!("redisson_lock__channel:{{{name}}}"))
@@ -402,6 +403,7 @@ async fn never_both_hold(kind: Kind) {
 
     // SIGSTOP the holder past its ttl: the hold expires (Redisson, ShedLock) and the Java side
     // gets it; or it does not (GET_LOCK: the session is alive, so the lock is still held).
+    // Half a second of steady delivery (the feeder's rows flowing), so the stop falls mid-work.
     tokio::time::sleep(Duration::from_millis(500)).await;
     relay.signal("STOP");
     let t_stop = Instant::now();
@@ -477,14 +479,10 @@ async fn never_both_hold(kind: Kind) {
 
 /// Tries the Java lock every 20 ms for up to `within`; when it got it.
 async fn poll_java(java: &mut JavaLock, within: Duration) -> Option<Instant> {
-    let until = Instant::now() + within;
-    while Instant::now() < until {
-        if java.try_lock().await {
-            return Some(Instant::now());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    None
+    poll_every(Duration::from_millis(20), within, async || {
+        java.try_lock().await.then(Instant::now)
+    })
+    .await
 }
 
 /// GET_LOCK: the relay's MySQL connection is killed: the server frees the lock at once, a Java
@@ -513,6 +511,7 @@ async fn get_lock_connection_killed_stops_the_relay() {
     let got = poll_java(&mut other, Duration::from_secs(2))
         .await
         .expect("the lock is free once its session is killed");
+    // A ttl of watching for sends the dead session's relay may not make.
     tokio::time::sleep(TTL).await;
     let late: Vec<_> =
         w.rx.requests()

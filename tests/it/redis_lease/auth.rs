@@ -3,36 +3,27 @@
 
 use super::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn auth_password_is_used_and_never_logged() {
-    const GOOD: &str = "s3cret-pass-7d1e";
-    const BAD: &str = "wrong-pw-91c3";
-    const ACL_PW: &str = "acl-pw-4b2f";
-    let Some((redis, td, rx)) = setup("rl_auth", &["--requirepass", GOOD]).await else {
-        return;
-    };
-    let knobs = Knobs::fast();
-    let lease = td.table.clone();
-    let port = redis.port();
-    td.insert_hooks(10).await;
-    let t0 = Instant::now();
+const GOOD: &str = "s3cret-pass-7d1e";
+const BAD: &str = "wrong-pw-91c3";
+const ACL_PW: &str = "acl-pw-4b2f";
 
-    // Wrong password alone: never acquires.
-    let bad_url = format!("redis://:{BAD}@127.0.0.1:{port}");
-    let mut bad = start_relay(&td, &knobs, &rx, &bad_url, &lease, "bad");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+/// The relay with the wrong password (`bad`) after its tries: running, not delivering, not
+/// holding, not ready, saying why, and never showing the password.
+async fn assert_kept_out_without_a_word(
+    bad: &mut RelayProc,
+    redis: &RedisServer,
+    td: &TestDb,
+    rx: &Receiver,
+) {
+    let lease = &td.table;
     assert!(
         bad.running(),
         "a wrong Redis password must not crash the relay"
     );
     assert_eq!(rx.len(), 0, "a relay with a wrong password delivered");
-    assert_eq!(
-        redis.get(&lease).await,
-        None,
-        "the lease key must not exist"
-    );
+    assert_eq!(redis.get(lease).await, None, "the lease key must not exist");
     assert!(
-        td.lease_row(&lease).await.is_none_or(|(_, e)| e == 0),
+        td.lease_row(lease).await.is_none_or(|(_, e)| e == 0),
         "no epoch bump without the lease"
     );
     let log = bad.log_text();
@@ -54,6 +45,44 @@ async fn auth_password_is_used_and_never_logged() {
         !body.contains(BAD),
         "/readyz shows the Redis password: {body}"
     );
+}
+
+/// An ACL user `relay` with its own password.
+async fn acl_user(redis: &RedisServer) {
+    let reply = redis
+        .cmd(&[
+            "ACL",
+            "SETUSER",
+            "relay",
+            "on",
+            &format!(">{ACL_PW}"),
+            "~*",
+            "&*",
+            "+@all",
+        ])
+        .await
+        .expect("ACL SETUSER");
+    assert_eq!(reply.text(), Some("OK"), "ACL SETUSER: {reply:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_password_is_used_and_never_logged() {
+    let Some((redis, td, rx)) = setup("rl_auth", &["--requirepass", GOOD]).await else {
+        return;
+    };
+    let knobs = Knobs::fast();
+    let lease = td.table.clone();
+    let port = redis.port();
+    td.insert_hooks(10).await;
+    let t0 = Instant::now();
+
+    // Wrong password alone: never acquires.
+    let bad_url = format!("redis://:{BAD}@127.0.0.1:{port}");
+    let mut bad = start_relay(&td, &knobs, &rx, &bad_url, &lease, "bad");
+    // 2.5 s of its tries (a wrong password is refused each time), in which it must neither
+    // crash nor deliver.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_kept_out_without_a_word(&mut bad, &redis, &td, &rx).await;
 
     // The right password: acquires and delivers.
     let good_url = format!("redis://:{GOOD}@127.0.0.1:{port}");
@@ -80,20 +109,7 @@ async fn auth_password_is_used_and_never_logged() {
     );
 
     // An ACL user with its own password.
-    let reply = redis
-        .cmd(&[
-            "ACL",
-            "SETUSER",
-            "relay",
-            "on",
-            &format!(">{ACL_PW}"),
-            "~*",
-            "&*",
-            "+@all",
-        ])
-        .await
-        .expect("ACL SETUSER");
-    assert_eq!(reply.text(), Some("OK"), "ACL SETUSER: {reply:?}");
+    acl_user(&redis).await;
     good.signal("TERM");
     let status = good.wait_exit(Duration::from_secs(10)).await;
     assert!(status.success());

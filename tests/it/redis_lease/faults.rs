@@ -20,88 +20,35 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
 
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let h = only_sender(&rx.requests(), t0, "before the outage");
+    let h = rx
+        .only_sender_for(t0, Duration::from_millis(1000), "before the outage")
+        .await;
     assert_holder(&redis, &td, &lease, &relays, &h).await;
 
     // Outage.
     let t_down = Instant::now();
     redis.kill();
-    tokio::time::sleep(knobs.ttl + Duration::from_millis(1000)).await;
-    let reqs = rx.requests();
-    let during: Vec<&Received> = reqs.iter().filter(|r| r.at > t_down).collect();
-    let slack = Duration::from_millis(150);
-    let late: Vec<String> = during
-        .iter()
-        .filter(|r| r.at > t_down + knobs.ttl + slack)
-        .map(|r| format!("{} at +{:.0}ms", sender(r), delta_ms(t_down, r.at)))
-        .collect();
-    assert!(
-        late.is_empty(),
-        "requests after the holder's deadline (Redis down, ttl {:?}): {late:?}",
-        knobs.ttl
-    );
-    assert!(
-        senders(during.iter().copied()).iter().all(|s| *s == h),
-        "only the old holder may send while Redis is down\n{}",
-        timeline(&reqs, t_down)
-    );
-    let last = during.iter().map(|r| r.at).max();
-    println!(
-        "redis outage: the holder's last request came {} after Redis went down (ttl {:?})",
-        last.map(|t| format!("{:.0} ms", delta_ms(t_down, t)))
-            .unwrap_or_else(|| "never".into()),
-        knobs.ttl
-    );
-    let log = relays[index_of(&relays, &h)].log_text();
-    assert!(
-        log.contains("lease lost"),
-        "the holder must log the loss:\n{log}"
-    );
-    for r in &relays {
-        assert_eq!(
-            r.metric("outbox_relay_lease_held").await,
-            0.0,
-            "relay {} reports holding the lease while Redis is down",
-            r.name
-        );
-        let (code, body) = r.readyz().await;
-        assert_ne!(
-            code, 200,
-            "relay {} is ready while its lease backend is down: {body}",
-            r.name
-        );
-    }
+    let window = knobs.ttl + Duration::from_millis(1000);
+    let down = (t_down, knobs.ttl, window);
+    assert_holder_stops(&rx, &relays, &h, down, "while Redis is down").await;
 
     // Redis back, empty, on the same port.
     let t_up = Instant::now();
     redis.restart().await;
-    let resumed = rx
-        .wait_until(
-            |reqs| reqs.iter().any(|r| r.at > t_up),
+    let first = rx
+        .first_where(
+            |r| r.at > t_up,
             Duration::from_secs(12),
+            "no delivery within 12s of Redis coming back",
         )
         .await;
-    assert!(resumed, "no delivery within 12s of Redis coming back");
-    let first = rx
-        .requests()
-        .into_iter()
-        .find(|r| r.at > t_up)
-        .expect("first delivery after the restart");
     println!(
         "redis outage: delivery resumed {:.0} ms after Redis came back",
         delta_ms(t_up, first.at)
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let after: Vec<Received> = rx.requests().into_iter().filter(|r| r.at > t_up).collect();
-    let s = senders(&after);
-    assert_eq!(
-        s.len(),
-        1,
-        "exactly one relay must hold after Redis returns, saw {s:?}\n{}",
-        timeline(&after, t_up)
-    );
-    let n = s.into_iter().next().expect("new holder");
+    let n = rx
+        .only_sender_for(t_up, Duration::from_millis(1000), "after Redis returns")
+        .await;
     assert_holder(&redis, &td, &lease, &relays, &n).await;
 
     // Both relays re-subscribed to the release channel after the reconnect, so a graceful
@@ -120,18 +67,14 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
     relays[ni].signal("TERM");
     let (status, t_exit) = relays[ni].wait_exit_at(Duration::from_secs(10)).await;
     assert!(status.success());
-    let moved = rx
-        .wait_until(
-            |reqs| reqs.iter().any(|r| r.at > t_term && sender(r) != n),
-            Duration::from_secs(5),
-        )
-        .await;
-    assert!(moved, "no hand-off after SIGTERM following the outage");
-    let reqs = rx.requests();
-    let first = reqs
-        .iter()
-        .find(|r| r.at > t_term && sender(r) != n)
-        .expect("successor's first delivery");
+    let first = &successor_after(
+        &rx,
+        &n,
+        t_term,
+        Duration::from_secs(5),
+        "no hand-off after SIGTERM following the outage",
+    )
+    .await;
     let handoff = delta_ms(t_exit, first.at);
     println!("redis outage: hand-off after the restart {handoff:.1} ms after the holder's exit");
     assert!(
@@ -154,6 +97,53 @@ async fn redis_outage_stops_the_holder_and_one_holds_after_restart() {
 // ---------------------------------------------------------------------------------------------
 // 4. SIGSTOP the holder past the lease ttl and its claims' ttl, then SIGCONT.
 
+/// The first holder's (relay `a`'s) result writes are slow (a stalled database: 200 ms per
+/// row), so a SIGSTOP lands while its result statement runs. That statement may complete on
+/// the server, but it must not leave rows locked while the process is stopped (nobody could
+/// re-claim them: G1) nor be committed when it wakes.
+async fn slow_results_of_a(td: &TestDb) {
+    td.exec(
+        "CREATE FUNCTION {t}_slow() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$",
+    )
+    .await;
+    td.exec(
+        "CREATE TRIGGER {t}_slow BEFORE UPDATE ON {t} FOR EACH ROW \
+         WHEN (OLD.claimed_by = 'a' AND NEW.status = 'SUCCESS') EXECUTE FUNCTION {t}_slow()",
+    )
+    .await;
+}
+
+/// Duplicates: only rows whose request was in flight when the process stopped (in
+/// `sent_before_stop`), each twice at most; and every row received. Returns the duplicates.
+async fn assert_only_sent_rows_twice(
+    rx: &Receiver,
+    td: &TestDb,
+    sent_before_stop: &HashSet<i64>,
+) -> BTreeSet<i64> {
+    let counts = rx.count_by_id();
+    let dups: BTreeSet<i64> = counts
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(id, _)| *id)
+        .collect();
+    for id in &dups {
+        assert!(
+            sent_before_stop.contains(id),
+            "row {id} received {} times but the paused relay had not sent it before SIGSTOP",
+            counts[id]
+        );
+        assert_eq!(counts[id], 2, "row {id} received more than twice");
+    }
+    for id in all_ids(td).await {
+        assert!(
+            counts.contains_key(&id),
+            "row {id} SUCCESS but never received"
+        );
+    }
+    dups
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     let Some((redis, td, rx)) = setup("rl_pause", &[]).await else {
@@ -170,20 +160,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     };
     let lease = td.table.clone();
     td.insert_hooks(40).await;
-    // The first holder's result writes are slow (a stalled database: 200 ms per row), so the
-    // SIGSTOP below lands while its result statement runs. That statement may complete on the
-    // server, but it must not leave rows locked while the process is stopped (nobody could
-    // re-claim them: G1) nor be committed when it wakes.
-    td.exec(
-        "CREATE FUNCTION {t}_slow() RETURNS trigger LANGUAGE plpgsql AS \
-         $$ BEGIN PERFORM pg_sleep(0.2); RETURN NEW; END $$",
-    )
-    .await;
-    td.exec(
-        "CREATE TRIGGER {t}_slow BEFORE UPDATE ON {t} FOR EACH ROW \
-         WHEN (OLD.claimed_by = 'a' AND NEW.status = 'SUCCESS') EXECUTE FUNCTION {t}_slow()",
-    )
-    .await;
+    slow_results_of_a(&td).await;
     rx.set_delay(Duration::from_millis(400));
     let t0 = Instant::now();
     let mut relays = vec![start_relay(&td, &knobs, &rx, &redis.url(), &lease, "a")];
@@ -204,8 +181,9 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
         )
         .await;
     assert!(answered, "relay a delivered nothing");
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let h = only_sender(&rx.requests(), t0, "before the pause");
+    let h = rx
+        .only_sender_for(t0, Duration::from_millis(150), "before the pause")
+        .await;
     assert_eq!(h, "a");
     let hi = index_of(&relays, &h);
     let t_stop_sent = Instant::now();
@@ -236,6 +214,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     // Wake it (claims long expired, rows re-delivered and recorded by the other relay).
     let t_cont = Instant::now();
     relays[hi].signal("CONT");
+    // 2.5 s of the woken relay's doings: it must send and write nothing in them.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(
         relays[hi].running(),
@@ -281,27 +260,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     let key = redis.get(&lease).await;
     assert_eq!(key, holder_now, "the Redis key still names the successor");
 
-    // Duplicates: only rows whose request was in flight when the process stopped.
-    let counts = rx.count_by_id();
-    let dups: BTreeSet<i64> = counts
-        .iter()
-        .filter(|(_, n)| **n > 1)
-        .map(|(id, _)| *id)
-        .collect();
-    for id in &dups {
-        assert!(
-            sent_before_stop.contains(id),
-            "row {id} received {} times but the paused relay had not sent it before SIGSTOP",
-            counts[id]
-        );
-        assert_eq!(counts[id], 2, "row {id} received more than twice");
-    }
-    for id in all_ids(&td).await {
-        assert!(
-            counts.contains_key(&id),
-            "row {id} SUCCESS but never received"
-        );
-    }
+    let dups = assert_only_sent_rows_twice(&rx, &td, &sent_before_stop).await;
     td.exec("DROP FUNCTION IF EXISTS {t}_slow() CASCADE").await;
     println!(
         "pause test: {} requests sent before SIGSTOP ({unanswered_at_stop} still unanswered), \

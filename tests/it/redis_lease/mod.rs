@@ -85,10 +85,8 @@ fn start_relay(
 
 /// All row ids.
 async fn all_ids(td: &TestDb) -> BTreeSet<i64> {
-    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT id FROM {}", td.table)))
-        .fetch_all(td.store.pool())
+    td.fetch("SELECT id FROM {t}")
         .await
-        .expect("ids")
         .iter()
         .map(|r| r.try_get::<i64, _>(0).expect("id"))
         .collect()
@@ -96,16 +94,11 @@ async fn all_ids(td: &TestDb) -> BTreeSet<i64> {
 
 /// Every row, as stored: a snapshot to compare before and after a woken process acts.
 async fn snapshot(td: &TestDb) -> BTreeMap<i64, String> {
-    let sql = format!(
-        "SELECT id, concat_ws('|', status, attempts::text, coalesce(claimed_by, '-'), \
+    let sql = "SELECT id, concat_ws('|', status, attempts::text, coalesce(claimed_by, '-'), \
          coalesce(claim_token, '-'), coalesce(claimed_until::text, '-'), updated_at::text, \
-         coalesce(sent_at::text, '-'), coalesce(last_error, '-')) FROM {}",
-        td.table
-    );
-    sqlx::query(sqlx::AssertSqlSafe(sql))
-        .fetch_all(td.store.pool())
+         coalesce(sent_at::text, '-'), coalesce(last_error, '-')) FROM {t}";
+    td.fetch(sql)
         .await
-        .expect("snapshot")
         .iter()
         .map(|r| {
             (
@@ -187,28 +180,15 @@ async fn crash_of_holder_fails_over_within_ttl_plus_renewal() {
 
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let h = only_sender(&rx.requests(), t0, "three relays running");
+    let h = rx
+        .only_sender_for(t0, Duration::from_millis(1500), "three relays running")
+        .await;
     let (_, epoch1) = assert_holder(&redis, &td, &lease, &relays, &h).await;
     let sent_by_h: HashSet<i64> = rx.requests().iter().filter_map(|r| r.id).collect();
 
     // kill -9 the holder; rows keep arriving.
     let (t_kill, s) = kill_holder_and_check_failover(&mut relays, &rx, &h, knobs.ttl, t0).await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    // Requests of the killed relay that were already on the wire at the kill (arriving in the
-    // same 50 ms slack as above) are not deliveries after the crash.
-    let after: Vec<Received> = rx
-        .requests()
-        .into_iter()
-        .filter(|r| r.at > t_kill)
-        .filter(|r| !(sender(r) == h && r.at <= t_kill + Duration::from_millis(50)))
-        .collect();
-    assert_eq!(
-        senders(&after),
-        BTreeSet::from([s.clone()]),
-        "after the crash exactly one relay must deliver\n{}",
-        timeline(&after, t0)
-    );
+    assert_only_successor(&rx, &h, &s, t_kill, t0).await;
     let survivors: Vec<RelayProc> = relays.drain(..).filter(|r| r.name != h).collect();
     let (_, epoch2) = assert_holder(&redis, &td, &lease, &survivors, &s).await;
     assert_eq!(
@@ -278,8 +258,9 @@ async fn sigterm_hands_over_within_200ms() {
 
     rx.expect_requests(1, Duration::from_secs(15), "first delivery")
         .await;
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let h = only_sender(&rx.requests(), t0, "two relays running");
+    let h = rx
+        .only_sender_for(t0, Duration::from_millis(700), "two relays running")
+        .await;
     assert_holder(&redis, &td, &lease, &relays, &h).await;
     let hi = index_of(&relays, &h);
 
@@ -292,22 +273,15 @@ async fn sigterm_hands_over_within_200ms() {
         log.contains("lease released"),
         "the old holder must release the lease:\n{log}"
     );
-    let moved = rx
-        .wait_until(
-            |reqs| reqs.iter().any(|r| r.at > t_term && sender(r) != h),
-            Duration::from_secs(5),
-        )
-        .await;
+    let first = &successor_after(
+        &rx,
+        &h,
+        t_term,
+        Duration::from_secs(5),
+        "no successor delivered within 5s of SIGTERM",
+    )
+    .await;
     let reqs = rx.requests();
-    assert!(
-        moved,
-        "no successor delivered within 5s of SIGTERM\n{}",
-        timeline(&reqs, t0)
-    );
-    let first = reqs
-        .iter()
-        .find(|r| r.at > t_term && sender(r) != h)
-        .expect("successor's first delivery");
     let last_h_answer = reqs
         .iter()
         .filter(|r| sender(r) == h)
@@ -374,26 +348,8 @@ async fn foreign_key_keeps_relays_out_until_it_expires() {
     let relays = start_relays(&td, &knobs, &rx, &redis, &lease, &["a", "b"]);
 
     tokio::time::sleep_until((t0 + Duration::from_millis(2500)).into()).await;
-    assert_eq!(
-        rx.len(),
-        0,
-        "a relay delivered while a foreign client held the key"
-    );
+    assert_kept_out(&rx, &td, &lease, &relays, "a foreign client held the key").await;
     assert_eq!(redis.get(&lease).await.as_deref(), Some("other"));
-    assert!(
-        td.lease_row(&lease)
-            .await
-            .is_none_or(|(_, epoch)| epoch == 0),
-        "no relay may have acquired (bumped the epoch) while the foreign key lives"
-    );
-    for r in &relays {
-        assert!(
-            r.log_text().contains("relay started"),
-            "relay {} is not up yet, the test would prove nothing:\n{}",
-            r.name,
-            r.log_text()
-        );
-    }
 
     let got = rx
         .wait_until(|reqs| !reqs.is_empty(), Duration::from_secs(4))
@@ -453,26 +409,26 @@ async fn slow_deliveries_keep_one_holder() {
     let (token, epoch) = assert_holder(&redis, &td, &lease, &relays, &h).await;
 
     // Sample the key and the epoch while the slow sends run (2 rounds of 2.5 s = 5 ttls).
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        assert_eq!(
-            redis.get(&lease).await.as_deref(),
-            Some(token.as_str()),
-            "the lease changed hands during a slow delivery (+{:.0} ms)",
-            delta_ms(t0, Instant::now())
-        );
-        assert_eq!(
-            td.lease_row(&lease).await.map(|(_, e)| e),
-            Some(epoch),
-            "the epoch moved during a slow delivery"
-        );
-        let [p, r, _, f] = td.counts().await;
-        if p + r + f == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "slow deliveries did not finish");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_or(
+        Duration::from_secs(15),
+        async || {
+            assert_eq!(
+                redis.get(&lease).await.as_deref(),
+                Some(token.as_str()),
+                "the lease changed hands during a slow delivery (+{:.0} ms)",
+                delta_ms(t0, Instant::now())
+            );
+            assert_eq!(
+                td.lease_row(&lease).await.map(|(_, e)| e),
+                Some(epoch),
+                "the epoch moved during a slow delivery"
+            );
+            let [p, r, _, f] = td.counts().await;
+            p + r + f == 0
+        },
+        || "slow deliveries did not finish".into(),
+    )
+    .await;
     let reqs = rx.requests();
     assert_eq!(
         senders(&reqs),

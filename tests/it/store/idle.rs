@@ -93,6 +93,70 @@ async fn sqlite_idle_reads_seek_an_index_of_due_times() {
     td.drop_table().await;
 }
 
+/// An idle relay's polls of one store, fenced by lease `lease`.
+struct Poller<'a> {
+    td: &'a TestDb,
+    lease: String,
+}
+
+impl Poller<'_> {
+    /// The request, as the relay asks: per-channel budgets with a newest share, and the
+    /// other channels.
+    fn poll(&self, epoch: i64) -> ClaimRequest {
+        ClaimRequest {
+            trace: false,
+            budgets: Some(Budgets {
+                channels: vec![("hook".into(), 8), ("log".into(), 8)],
+                others: Some((vec!["hook".into(), "log".into()], 2)),
+            }),
+            newest: true,
+            ..request(
+                18,
+                LONG,
+                "a",
+                Some(Fence {
+                    lease: self.lease.clone(),
+                    epoch,
+                }),
+            )
+        }
+    }
+
+    /// As the relay polls: the read, and the claim only if the read found something; the
+    /// statements it took and the rows claimed.
+    async fn statements_of(&self, req: &ClaimRequest) -> (u64, Vec<ClaimedRow>) {
+        let store = &self.td.store;
+        let before = store.statements();
+        let probe = bounded("probe", store.probe(req)).await;
+        let rows = match probe {
+            Probe::Claimable => bounded("claim", store.claim(req)).await,
+            Probe::Nothing { .. } => Vec::new(),
+        };
+        (store.statements() - before, rows)
+    }
+
+    /// How long until a waiting row comes due, as the read says: PostgreSQL only.
+    async fn quiet(&self, req: &ClaimRequest) -> Duration {
+        match bounded("probe", self.td.store.probe(req)).await {
+            Probe::Nothing { quiet_for } => quiet_for,
+            Probe::Claimable => panic!("nothing is claimable"),
+        }
+    }
+
+    /// On PostgreSQL a claim's fence takes a shared lock on the lease row (its xmax becomes
+    /// the claim's transaction id); the read takes none. `None` elsewhere.
+    async fn lease_xmax(&self) -> Option<i64> {
+        if self.td.db != Db::Postgres {
+            return None;
+        }
+        let sql = format!(
+            "SELECT xmax::text::bigint FROM outbox_relay_lease WHERE name = '{}'",
+            self.lease
+        );
+        Some(self.td.scalar(&sql).await)
+    }
+}
+
 per_db!(an_idle_poll_reads_before_it_claims);
 /// `Queue::probe` (an idle relay's poll, which claims only when it says so): one plain read
 /// when nothing is claimable, whatever the table holds that is not (a retry not yet due, a
@@ -110,61 +174,19 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     )
     .await
     .expect("free lease is acquired");
-    // As the relay asks: per-channel budgets with a newest share, and the other channels.
-    let poll = |epoch: i64| ClaimRequest {
-        trace: false,
-        budgets: Some(Budgets {
-            channels: vec![("hook".into(), 8), ("log".into(), 8)],
-            others: Some((vec!["hook".into(), "log".into()], 2)),
-        }),
-        newest: true,
-        ..request(
-            18,
-            LONG,
-            "a",
-            Some(Fence {
-                lease: lease.clone(),
-                epoch,
-            }),
-        )
+    let p = Poller {
+        td: &td,
+        lease: lease.clone(),
     };
-    // As the relay polls: the read, and the claim only if the read found something.
-    let statements_of = async |req: &ClaimRequest| {
-        let before = store.statements();
-        let probe = bounded("probe", store.probe(req)).await;
-        let rows = match probe {
-            Probe::Claimable => bounded("claim", store.claim(req)).await,
-            Probe::Nothing { .. } => Vec::new(),
-        };
-        (store.statements() - before, rows)
-    };
-    // How long until a waiting row comes due, as the read says: PostgreSQL only.
-    let quiet = async |req: &ClaimRequest| match bounded("probe", store.probe(req)).await {
-        Probe::Nothing { quiet_for } => quiet_for,
-        Probe::Claimable => panic!("nothing is claimable"),
-    };
-
-    // On PostgreSQL a claim's fence takes a shared lock on the lease row (its xmax becomes
-    // the claim's transaction id); the read takes none.
-    let lease_xmax = async || {
-        td.scalar(&format!(
-            "SELECT xmax::text::bigint FROM outbox_relay_lease WHERE name = '{lease}'"
-        ))
-        .await
-    };
-    let xmax = if db == Db::Postgres {
-        Some(lease_xmax().await)
-    } else {
-        None
-    };
-    let (n, rows) = statements_of(&poll(epoch)).await;
+    let xmax = p.lease_xmax().await;
+    let (n, rows) = p.statements_of(&p.poll(epoch)).await;
     assert!(rows.is_empty());
     assert_eq!(n, 1, "an empty table costs one read");
     let nothing_waits = match db {
         Db::Postgres => Duration::MAX,
         _ => Duration::ZERO,
     };
-    assert_eq!(quiet(&poll(epoch)).await, nothing_waits);
+    assert_eq!(p.quiet(&p.poll(epoch)).await, nothing_waits);
 
     // Rows that are not claimable: finished, retrying later, under another live claim.
     let done = td.enqueue("log", "{}", None).await;
@@ -184,7 +206,7 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
         ),
     ];
     assert_eq!(complete(&*store, &results).await, 2);
-    let (n, rows) = statements_of(&poll(epoch)).await;
+    let (n, rows) = p.statements_of(&p.poll(epoch)).await;
     assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
     // On MySQL and SQLite the read first asks an index whether any row is due at all (after
     // SQLite's first idle read, which reads the picks); the row due under a live claim says
@@ -193,21 +215,21 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     assert_eq!(n, reads, "nothing claimable: the reads");
     if let Some(xmax) = xmax {
         assert_eq!(
-            lease_xmax().await,
-            xmax,
+            p.lease_xmax().await,
+            Some(xmax),
             "an idle poll locked the lease row"
         );
     }
     assert!(row_is(&td, later, "claim_token IS NULL").await);
     // A row due but under a live claim: no promise. Given back for two hours, the retry in
     // one hour is the next row due.
-    assert_eq!(quiet(&poll(epoch)).await, Duration::ZERO);
+    assert_eq!(p.quiet(&p.poll(epoch)).await, Duration::ZERO);
     let back = Resolution::Release {
         delay: Duration::from_secs(7200),
         error: None,
     };
     assert_eq!(complete(&*store, &[completion(&req, held, back)]).await, 1);
-    let left = quiet(&poll(epoch)).await;
+    let left = p.quiet(&p.poll(epoch)).await;
     if db == Db::Postgres {
         assert!(
             (Duration::from_secs(3590)..=Duration::from_secs(3600)).contains(&left),
@@ -220,7 +242,7 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
              SELECT 'hook', '{}', 'RETRY', now() + interval '1 day' FROM generate_series(1, 1000)",
         )
         .await;
-        assert_eq!(quiet(&poll(epoch)).await, Duration::ZERO);
+        assert_eq!(p.quiet(&p.poll(epoch)).await, Duration::ZERO);
         td.exec("DELETE FROM {t} WHERE next_attempt_at > now() + interval '2 hours'")
             .await;
     } else {
@@ -228,20 +250,20 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     }
     // Only rows waiting for a later time: one read (on MySQL and SQLite, of an index alone,
     // where the picks would read every waiting row; see `store::engines`, `store::idle`).
-    let (n, rows) = statements_of(&poll(epoch)).await;
+    let (n, rows) = p.statements_of(&p.poll(epoch)).await;
     assert!(rows.is_empty(), "claimed {:?}", ids(&rows));
     assert_eq!(n, 1, "rows waiting for later cost one read");
 
     // Something claimable in each pick: the claim goes on as without the read.
     let due = td.enqueue("hook", "{}", None).await;
     let stray = td.enqueue("unknown", "{}", None).await;
-    let req = poll(epoch);
-    let (n, rows) = statements_of(&req).await;
+    let req = p.poll(epoch);
+    let (n, rows) = p.statements_of(&req).await;
     assert_eq!(ids(&rows), [due, stray]);
     assert!(n >= 2, "the read, then the claim");
     if let Some(xmax) = xmax {
-        let polled = lease_xmax().await;
-        assert_ne!(polled, xmax, "the claim's fence locked the lease row");
+        let polled = p.lease_xmax().await;
+        assert_ne!(polled, Some(xmax), "the claim's fence locked the lease row");
     }
     let token = req.token.to_string();
     assert!(row_is(&td, due, &format!("claim_token = '{token}'")).await);
@@ -250,7 +272,7 @@ async fn an_idle_poll_reads_before_it_claims(db: Db) {
     let fresh = td.enqueue("log", "{}", None).await;
     let next = bounded("advance_epoch", store.advance_epoch(&lease, "c")).await;
     assert_eq!(next, epoch + 1);
-    let (_, rows) = statements_of(&poll(epoch)).await;
+    let (_, rows) = p.statements_of(&p.poll(epoch)).await;
     assert!(
         rows.is_empty(),
         "G2: a stale epoch claimed {:?}",
@@ -290,14 +312,12 @@ async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claim
     assert_eq!(ids(&taken), rows);
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let req = poll();
-    let started = std::time::Instant::now();
-    while bounded("probe", store.probe(&req)).await != Probe::Claimable {
-        assert!(
-            started.elapsed() < Duration::from_secs(6),
-            "the idle reads never found the expired claims"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_or(
+        Duration::from_secs(6),
+        async || bounded("probe", store.probe(&req)).await == Probe::Claimable,
+        || "the idle reads never found the expired claims".into(),
+    )
+    .await;
     let again = bounded("claim", store.claim(&req)).await;
     assert_eq!(
         ids(&again),

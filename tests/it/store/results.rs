@@ -3,6 +3,20 @@
 
 use super::*;
 
+/// Row `id` is in `state` (SQL), with `tries` attempts and, where `error` is given, that
+/// last_error.
+async fn assert_row(td: &TestDb, id: i64, state: &str, tries: i64, error: Option<&str>) {
+    assert!(row_is(td, id, state).await, "row {id} is not {state}");
+    assert_eq!(attempts(td, id).await, tries, "row {id}'s attempts");
+    if error.is_some() {
+        assert_eq!(
+            text_column(td, id, "last_error").await.as_deref(),
+            error,
+            "row {id}'s last_error"
+        );
+    }
+}
+
 per_db!(complete_writes_each_resolution);
 async fn complete_writes_each_resolution(db: Db) {
     let Some(td) = TestDb::open(db, "st_complete").await else {
@@ -45,58 +59,39 @@ async fn complete_writes_each_resolution(db: Db) {
     let now = now_sql(&td);
     let unclaimed = "claimed_by IS NULL AND claim_token IS NULL AND claimed_until IS NULL";
 
-    assert!(
-        row_is(
-            &td,
+    // Each resolution's state; a release is not an attempt.
+    for (id, state, tries, error) in [
+        (
             row[0],
-            &format!(
+            format!(
                 "status = 'SUCCESS' AND sent_at IS NOT NULL AND last_error IS NULL AND {unclaimed}"
-            )
-        )
-        .await
-    );
-    assert_eq!(attempts(&td, row[0]).await, 1);
-
-    assert!(
-        row_is(
-            &td,
+            ),
+            1,
+            None,
+        ),
+        (
             row[1],
-            &format!(
+            format!(
                 "status = 'RETRY' AND next_attempt_at > {now} AND sent_at IS NULL AND {unclaimed}"
-            )
-        )
-        .await
-    );
-    assert_eq!(attempts(&td, row[1]).await, 1);
-    assert_eq!(
-        text_column(&td, row[1], "last_error").await.as_deref(),
-        Some("503 from receiver")
-    );
-
-    assert!(row_is(&td, row[2], &format!("status = 'FAILED' AND {unclaimed}")).await);
-    assert_eq!(attempts(&td, row[2]).await, 1);
-    assert_eq!(
-        text_column(&td, row[2], "last_error").await.as_deref(),
-        Some("400: bad payload")
-    );
-
-    assert!(
-        row_is(
-            &td,
+            ),
+            1,
+            Some("503 from receiver"),
+        ),
+        (
+            row[2],
+            format!("status = 'FAILED' AND {unclaimed}"),
+            1,
+            Some("400: bad payload"),
+        ),
+        (
             row[3],
-            &format!("status = 'PENDING' AND next_attempt_at > {now} AND {unclaimed}")
-        )
-        .await
-    );
-    assert_eq!(
-        attempts(&td, row[3]).await,
-        0,
-        "a release is not an attempt"
-    );
-    assert_eq!(
-        text_column(&td, row[3], "last_error").await.as_deref(),
-        Some("throttled")
-    );
+            format!("status = 'PENDING' AND next_attempt_at > {now} AND {unclaimed}"),
+            0,
+            Some("throttled"),
+        ),
+    ] {
+        assert_row(&td, id, &state, tries, error).await;
+    }
 
     // Neither the RETRY row nor the released one is claimable before its delay...
     let (_, early) = claim(&*store, 10, LONG, "b", None).await;
@@ -121,12 +116,8 @@ async fn complete_writes_each_resolution(db: Db) {
         completion(&req2, row[3], Resolution::Delivered),
     ];
     assert_eq!(complete(&*store, &done).await, 2);
-    assert!(row_is(&td, row[1], &format!("status = 'RETRY' AND {unclaimed}")).await);
-    assert_eq!(attempts(&td, row[1]).await, 1);
-    assert_eq!(
-        text_column(&td, row[1], "last_error").await.as_deref(),
-        Some("503 from receiver")
-    );
+    let retry = format!("status = 'RETRY' AND {unclaimed}");
+    assert_row(&td, row[1], &retry, 1, Some("503 from receiver")).await;
     assert!(row_is(&td, row[3], "status = 'SUCCESS' AND last_error IS NULL").await);
     let (_, again) = claim(&*store, 10, LONG, "c", None).await;
     assert_eq!(

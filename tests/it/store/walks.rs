@@ -39,23 +39,21 @@ async fn a_retry_below_the_floor_is_claimed_when_due_while_walks_are_far_apart(d
         1
     );
     let sent_back = Instant::now();
-    loop {
-        let got = ids(&bounded("claim", store.claim(&budget(2))).await);
-        let waited = sent_back.elapsed();
-        if !got.is_empty() {
-            assert_eq!(got, [rows[2]]);
-            assert!(
-                waited >= Duration::from_secs(1),
-                "claimed before it was due"
-            );
-            break;
-        }
-        // Due after 1 s, and its walk then; the periodic one is 5 s away.
-        assert!(
-            waited < Duration::from_millis(2500),
-            "the retry, due below the floor, was not claimed within {waited:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // Due after 1 s, and its walk then; the periodic one is 5 s away.
+    let (got, waited) = until_reads(
+        Duration::from_millis(2500),
+        async || {
+            let got = ids(&bounded("claim", store.claim(&budget(2))).await);
+            (got, sent_back.elapsed())
+        },
+        |(got, _)| !got.is_empty(),
+        |(_, waited)| format!("the retry, due below the floor, was not claimed within {waited:?}"),
+    )
+    .await;
+    assert_eq!(got, [rows[2]]);
+    assert!(
+        waited >= Duration::from_secs(1),
+        "claimed before it was due"
+    );
     td.drop_table().await;
 }

@@ -35,6 +35,50 @@ pub struct Receiver {
     stop: CancellationToken,
 }
 
+/// `/hook/a` ...: counted per instance, repeats (by `webhook-id`) noted; `/slow/a` ...: the
+/// same, answering after SLOW_REPLY (a receiver with latency).
+fn instance_routes(
+    mut app: axum::Router,
+    count: &Arc<AtomicU64>,
+    per_instance: &Arc<Vec<AtomicU64>>,
+    (seen, repeats): (&Arc<Mutex<HashSet<String>>>, &Arc<AtomicU64>),
+) -> axum::Router {
+    for (prefix, delay) in [("hook", Duration::ZERO), ("slow", SLOW_REPLY)] {
+        for (i, path) in INSTANCE_PATHS.iter().enumerate() {
+            let (counter, per_instance) = (count.clone(), per_instance.clone());
+            let (seen, repeats) = (seen.clone(), repeats.clone());
+            app = app.route(
+                &format!("/{prefix}/{path}"),
+                axum::routing::post(
+                    move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+                        let (counter, per_instance) = (counter.clone(), per_instance.clone());
+                        let (seen, repeats) = (seen.clone(), repeats.clone());
+                        async move {
+                            if !delay.is_zero() {
+                                // The slow receiver's reply delay.
+                                tokio::time::sleep(delay).await;
+                            }
+                            counter.fetch_add(1, Ordering::Relaxed);
+                            per_instance[i].fetch_add(1, Ordering::Relaxed);
+                            let id = headers
+                                .get("webhook-id")
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or_default()
+                                .to_string();
+                            let fresh = seen.lock().map(|mut s| s.insert(id)).unwrap_or(true);
+                            if !fresh {
+                                repeats.fetch_add(1, Ordering::Relaxed);
+                            }
+                            StatusCode::NO_CONTENT
+                        }
+                    },
+                ),
+            );
+        }
+    }
+    app
+}
+
 impl Receiver {
     pub async fn start() -> anyhow::Result<Receiver> {
         let count = Arc::new(AtomicU64::new(0));
@@ -53,62 +97,7 @@ impl Receiver {
             Arc::new(INSTANCE_PATHS.iter().map(|_| AtomicU64::new(0)).collect());
         let seen = Arc::new(Mutex::new(HashSet::new()));
         let repeats = Arc::new(AtomicU64::new(0));
-        for (i, path) in INSTANCE_PATHS.iter().enumerate() {
-            let (counter, per_instance) = (count.clone(), per_instance.clone());
-            let (seen, repeats) = (seen.clone(), repeats.clone());
-            app = app.route(
-                &format!("/hook/{path}"),
-                axum::routing::post(
-                    move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
-                        let (counter, per_instance) = (counter.clone(), per_instance.clone());
-                        let (seen, repeats) = (seen.clone(), repeats.clone());
-                        async move {
-                            counter.fetch_add(1, Ordering::Relaxed);
-                            per_instance[i].fetch_add(1, Ordering::Relaxed);
-                            let id = headers
-                                .get("webhook-id")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or_default()
-                                .to_string();
-                            let fresh = seen.lock().map(|mut s| s.insert(id)).unwrap_or(true);
-                            if !fresh {
-                                repeats.fetch_add(1, Ordering::Relaxed);
-                            }
-                            StatusCode::NO_CONTENT
-                        }
-                    },
-                ),
-            );
-        }
-        // `/slow/a` ...: the same, answering after SLOW_REPLY (a receiver with latency).
-        for (i, path) in INSTANCE_PATHS.iter().enumerate() {
-            let (counter, per_instance) = (count.clone(), per_instance.clone());
-            let (seen, repeats) = (seen.clone(), repeats.clone());
-            app = app.route(
-                &format!("/slow/{path}"),
-                axum::routing::post(
-                    move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
-                        let (counter, per_instance) = (counter.clone(), per_instance.clone());
-                        let (seen, repeats) = (seen.clone(), repeats.clone());
-                        async move {
-                            tokio::time::sleep(SLOW_REPLY).await;
-                            counter.fetch_add(1, Ordering::Relaxed);
-                            per_instance[i].fetch_add(1, Ordering::Relaxed);
-                            let id = headers
-                                .get("webhook-id")
-                                .and_then(|v| v.to_str().ok())
-                                .unwrap_or_default()
-                                .to_string();
-                            let fresh = seen.lock().map(|mut s| s.insert(id)).unwrap_or(true);
-                            if !fresh {
-                                repeats.fetch_add(1, Ordering::Relaxed);
-                            }
-                            StatusCode::NO_CONTENT
-                        }
-                    },
-                ),
-            );
-        }
+        app = instance_routes(app, &count, &per_instance, (&seen, &repeats));
         // `/hook/timed`: notes when each row (by `webhook-id`) first arrived, for latency.
         let arrivals: Arc<Mutex<HashMap<i64, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
         let noted = arrivals.clone();
@@ -181,6 +170,7 @@ impl Receiver {
                 {
                     counter.store(n, Ordering::Relaxed);
                 }
+                // The poller's period: the count it mirrors is at most 2 ms old.
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
         });
@@ -305,9 +295,6 @@ async fn an_external_receiver_is_counted_from_its_count_endpoint() {
         let r = client.post(&rx.url).body("{}").send().await.expect("post");
         assert_eq!(r.status().as_u16(), 204);
     }
-    let until = Instant::now() + Duration::from_secs(5);
-    while external.count() != 3 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    super::wait::holds_within(Duration::from_secs(5), async || external.count() == 3).await;
     assert_eq!(external.count(), 3, "read from GET /count");
 }

@@ -94,13 +94,12 @@ impl PrivateMariaDb {
                 .args(["-TERM", &child.id().to_string()])
                 .status();
         }
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while matches!(child.try_wait(), Ok(None)) {
-            if std::time::Instant::now() >= deadline {
-                let _ = child.kill();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let exited = super::wait::holds_within(Duration::from_secs(60), async || {
+            !matches!(child.try_wait(), Ok(None))
+        })
+        .await;
+        if !exited {
+            let _ = child.kill();
         }
         let _ = child.wait();
     }

@@ -17,6 +17,7 @@ pub mod receiver;
 pub mod redis;
 pub mod storm;
 pub mod vendors;
+pub mod wait;
 pub mod webdriver;
 
 use std::sync::Arc;
@@ -136,6 +137,15 @@ impl TestDb {
             .expect("exec");
     }
 
+    /// The rows `sql` reads (`{t}` is replaced by the table name).
+    pub async fn fetch(&self, sql: &str) -> Vec<sqlx::any::AnyRow> {
+        let sql = sql.replace("{t}", &self.table);
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .fetch_all(self.store.pool())
+            .await
+            .expect("fetch")
+    }
+
     /// Reads one integer (`{t}` is replaced by the table name).
     pub async fn scalar(&self, sql: &str) -> i64 {
         use sqlx::Row;
@@ -242,34 +252,30 @@ impl TestDb {
     /// with the counts and the first unfinished rows. PostgreSQL only.
     pub async fn wait_all_success(&self, timeout: Duration) {
         use sqlx::Row;
-        let deadline = Instant::now() + timeout;
-        loop {
-            let [pending, retry, success, failed] = self.counts().await;
-            if pending + retry + failed == 0 && success > 0 {
-                return;
-            }
-            if Instant::now() >= deadline {
-                let sql = format!(
-                    "SELECT concat_ws(' ', id, status, coalesce(claimed_by, '-'), \
-                     coalesce(claimed_until::text, '-'), coalesce(last_error, '-')) \
-                     FROM {} WHERE status <> 'SUCCESS' ORDER BY id LIMIT 20",
-                    self.table
-                );
-                let rows: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(sql))
-                    .fetch_all(self.store.pool())
-                    .await
-                    .expect("unfinished rows")
-                    .iter()
-                    .map(|r| r.try_get::<String, _>(0).expect("text"))
-                    .collect();
-                panic!(
-                    "rows not all SUCCESS after {timeout:?}: pending {pending}, retry {retry}, \
-                     success {success}, failed {failed}; unfinished (id status claimed_by \
-                     claimed_until last_error): {rows:#?}"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let all_done = |[pending, retry, success, failed]: &[i64; 4]| {
+            pending + retry + failed == 0 && *success > 0
+        };
+        if wait::holds_within(timeout, async || all_done(&self.counts().await)).await {
+            return;
         }
+        let [pending, retry, success, failed] = self.counts().await;
+        let sql = format!(
+            "SELECT concat_ws(' ', id, status, coalesce(claimed_by, '-'), \
+             coalesce(claimed_until::text, '-'), coalesce(last_error, '-')) \
+             FROM {} WHERE status <> 'SUCCESS' ORDER BY id LIMIT 20",
+            self.table
+        );
+        let rows: Vec<String> = self
+            .fetch(&sql)
+            .await
+            .iter()
+            .map(|r| r.try_get::<String, _>(0).expect("text"))
+            .collect();
+        panic!(
+            "rows not all SUCCESS after {timeout:?}: pending {pending}, retry {retry}, \
+             success {success}, failed {failed}; unfinished (id status claimed_by \
+             claimed_until last_error): {rows:#?}"
+        );
     }
 }
 
@@ -387,22 +393,15 @@ pub async fn kill_holder_and_check_failover(
         .unwrap_or_else(|| panic!("no relay named {holder:?}"));
     let t_kill = Instant::now();
     relays[hi].kill9();
-    let moved = rx
-        .wait_until(
-            |reqs| reqs.iter().any(|r| r.at > t_kill && sender(r) != holder),
-            Duration::from_secs(6),
-        )
-        .await;
+    let first = &successor_after(
+        rx,
+        holder,
+        t_kill,
+        Duration::from_secs(6),
+        "no other relay delivered within 6s of the holder's kill -9",
+    )
+    .await;
     let reqs = rx.requests();
-    assert!(
-        moved,
-        "no other relay delivered within 6s of the holder's kill -9\n{}",
-        timeline(&reqs, t0)
-    );
-    let first = reqs
-        .iter()
-        .find(|r| r.at > t_kill && sender(r) != holder)
-        .expect("first delivery after the kill");
     let failover = first.at - t_kill;
     let bound = ttl + ttl / 3 + Duration::from_millis(400);
     println!(
@@ -414,7 +413,8 @@ pub async fn kill_holder_and_check_failover(
     );
     assert!(
         failover <= bound,
-        "failover took {failover:?}, more than ttl + ttl/3 + 400ms = {bound:?}"
+        "failover took {failover:?}, more than ttl + ttl/3 + 400ms = {bound:?}\n{}",
+        timeline(&reqs, t0)
     );
     let late: Vec<_> = reqs
         .iter()
@@ -425,6 +425,130 @@ pub async fn kill_holder_and_check_failover(
         "the killed relay still delivered: {late:?}"
     );
     (t_kill, sender(first).to_string())
+}
+
+/// The first delivery by a relay other than `holder` after `since`; panics with `what` when
+/// none comes `within`.
+pub async fn successor_after(
+    rx: &receiver::Receiver,
+    holder: &str,
+    since: Instant,
+    within: Duration,
+    what: &str,
+) -> receiver::Received {
+    use receiver::sender;
+    rx.first_where(|r| r.at > since && sender(r) != holder, within, what)
+        .await
+}
+
+/// After the kill of `holder` at `t_kill`, a second of deliveries (a fixed window: that only
+/// one relay sends in it is the subject) all come from `successor`. Requests of the killed
+/// relay already on the wire at the kill (arriving within 50 ms) are not deliveries after it.
+pub async fn assert_only_successor(
+    rx: &receiver::Receiver,
+    holder: &str,
+    successor: &str,
+    t_kill: Instant,
+    t0: Instant,
+) {
+    use receiver::{sender, senders, timeline};
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after: Vec<receiver::Received> = rx
+        .requests()
+        .into_iter()
+        .filter(|r| r.at > t_kill)
+        .filter(|r| !(sender(r) == holder && r.at <= t_kill + Duration::from_millis(50)))
+        .collect();
+    assert_eq!(
+        senders(&after),
+        std::collections::BTreeSet::from([successor.to_string()]),
+        "after the crash exactly one relay must deliver\n{}",
+        timeline(&after, t0)
+    );
+}
+
+/// After the lease backend went away at `t_down` (Redis down, the quorum lost: `without`
+/// says which), `window` of deliveries is watched (a fixed time: the holder's stop in it is
+/// the subject). Then: nothing arrived past the holder's deadline (`ttl` + 150 ms), only the
+/// old holder `holder` sent, it logged the loss, and no relay holds or is ready.
+pub async fn assert_holder_stops(
+    rx: &receiver::Receiver,
+    relays: &[process::RelayProc],
+    holder: &str,
+    (t_down, ttl, window): (Instant, Duration, Duration),
+    without: &str,
+) {
+    use process::delta_ms;
+    use receiver::{sender, senders, timeline};
+    tokio::time::sleep(window).await;
+    let reqs = rx.requests();
+    let during: Vec<&receiver::Received> = reqs.iter().filter(|r| r.at > t_down).collect();
+    let last = during.iter().map(|r| r.at).max();
+    println!(
+        "MEASURED lease backend lost ({without}): the holder's last request came {} after it \
+         went (ttl {ttl:?})",
+        last.map(|t| format!("{:.0} ms", delta_ms(t_down, t)))
+            .unwrap_or_else(|| "never".into())
+    );
+    let late: Vec<String> = during
+        .iter()
+        .filter(|r| r.at > t_down + ttl + Duration::from_millis(150))
+        .map(|r| format!("{} at +{:.0}ms", sender(r), delta_ms(t_down, r.at)))
+        .collect();
+    assert!(
+        late.is_empty(),
+        "requests after the holder's deadline ({without}, ttl {ttl:?}): {late:?}"
+    );
+    assert!(
+        senders(during.iter().copied()).iter().all(|s| *s == holder),
+        "only the old holder may send {without}\n{}",
+        timeline(&reqs, t_down)
+    );
+    let log = relays
+        .iter()
+        .find(|r| r.name == holder)
+        .expect("the holder")
+        .log_text();
+    assert!(
+        log.contains("lease lost"),
+        "the holder must log the loss:\n{log}"
+    );
+    for r in relays {
+        assert_eq!(
+            r.metric(outbox_relay::metric::LEASE_HELD).await,
+            0.0,
+            "relay {} reports holding the lease {without}",
+            r.name
+        );
+        let (code, body) = r.readyz().await;
+        assert_ne!(code, 200, "relay {} is ready {without}: {body}", r.name);
+    }
+}
+
+/// While a foreign client holds lease `lease` (`held`: how), the relays started meanwhile
+/// are up and kept out: nothing was delivered and none acquired (bumped the epoch).
+pub async fn assert_kept_out(
+    rx: &receiver::Receiver,
+    td: &TestDb,
+    lease: &str,
+    relays: &[process::RelayProc],
+    held: &str,
+) {
+    assert_eq!(rx.len(), 0, "a relay delivered while {held}");
+    assert!(
+        td.lease_row(lease)
+            .await
+            .is_none_or(|(_, epoch)| epoch == 0),
+        "no relay may have acquired (bumped the epoch) while {held}"
+    );
+    for r in relays {
+        assert!(
+            r.log_text().contains("relay started"),
+            "relay {} is not up yet, the test would prove nothing:\n{}",
+            r.name,
+            r.log_text()
+        );
+    }
 }
 
 /// The relay binary built by cargo for integration tests.

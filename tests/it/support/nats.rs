@@ -212,15 +212,20 @@ impl NatsServer {
     pub async fn restart(&mut self) {
         self.kill();
         // The port may still be held for a moment after the kill.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while let Err(e) = self.spawn_and_wait().await {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server could not restart on port {}: {e}",
-                self.port
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let port = self.port;
+        super::wait::until_reads(
+            Duration::from_secs(10),
+            async || self.spawn_and_wait().await,
+            Result::is_ok,
+            |e| {
+                format!(
+                    "nats-server could not restart on port {port}: {}",
+                    e.unwrap_err()
+                )
+            },
+        )
+        .await
+        .expect("restarted");
     }
 
     /// Kills the server at once and reaps it.

@@ -103,16 +103,7 @@ impl Collector {
 
     /// Waits (bounded) until `pred` holds for the spans received; false on timeout.
     pub async fn wait_for(&self, timeout: Duration, pred: impl Fn(&[Span]) -> bool) -> bool {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if pred(&self.spans()) {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        super::wait::holds_within(timeout, async || pred(&self.spans())).await
     }
 }
 

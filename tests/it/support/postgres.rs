@@ -182,18 +182,21 @@ impl PrivatePostgres {
 
     /// Starts the server again (same port and data); panics if it does not come up.
     pub async fn start_again(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.start_server().await {
-                Ok(()) => return,
+        super::wait::until_reads(
+            Duration::from_secs(30),
+            async || {
+                let started = self.start_server().await;
                 // The port may linger for a moment after a stop.
-                Err(e) if Instant::now() < deadline => {
+                if let Err(e) = &started {
                     eprintln!("PostgreSQL restart failed ({e}); retrying");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                Err(e) => panic!("private PostgreSQL did not restart: {e}"),
-            }
-        }
+                started
+            },
+            Result::is_ok,
+            |e| format!("private PostgreSQL did not restart: {}", e.unwrap_err()),
+        )
+        .await
+        .expect("restarted");
     }
 
     /// Stops the server: `fast` (clients are disconnected, a clean shutdown) or, with

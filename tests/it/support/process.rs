@@ -8,7 +8,6 @@
 
 use std::ffi::OsStr;
 use std::fmt::Display;
-use std::future::Future;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
@@ -18,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::config::Config;
+pub use super::wait::*;
 use super::{TestDb, relay_bin};
 
 /// How many lines of a relay's log are printed when its test fails (unless the whole log was
@@ -27,9 +27,6 @@ const LOG_TAIL: usize = 60;
 /// How often [`RelayProc::wait_exit`] looks at the process: often, so the moment of the exit
 /// is measured to a few milliseconds (hand-off tests compare it with request times).
 const EXIT_POLL: Duration = Duration::from_millis(2);
-
-/// How often [`until`] re-checks its condition.
-const UNTIL_POLL: Duration = Duration::from_millis(20);
 
 /// How often [`run_to_end`] and [`output_within`] look at their command.
 const COMMAND_POLL: Duration = Duration::from_millis(20);
@@ -256,10 +253,7 @@ impl RelayProc {
         if self.running() {
             let _ = self.send_signal("TERM");
         }
-        let deadline = Instant::now() + timeout;
-        while self.running() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        holds_within(timeout, async || !self.running()).await;
         self.status
     }
 
@@ -281,26 +275,22 @@ impl RelayProc {
 
     /// The `addr=` of the first log line containing `marker`; waits up to 10 s for it.
     async fn logged_addr(&self, marker: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let log = self.log_text();
-            let found = log
+        let addr = poll_every(POLL, Duration::from_secs(10), async || {
+            self.log_text()
                 .lines()
                 .filter(|l| l.contains(marker))
                 .find_map(|l| l.split("addr=").nth(1))
                 .and_then(|rest| rest.split_whitespace().next())
-                .map(str::to_string);
-            if let Some(addr) = found {
-                return addr;
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "relay {} never logged {marker:?} with an address:\n{log}",
-                    self.name
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+                .map(str::to_string)
+        })
+        .await;
+        addr.unwrap_or_else(|| {
+            panic!(
+                "relay {} never logged {marker:?} with an address:\n{}",
+                self.name,
+                self.log_text()
+            )
+        })
     }
 
     /// The `/metrics` text; panics unless it is answered with 200.
@@ -403,24 +393,6 @@ pub async fn fetch(url: &str) -> Option<(u16, String)> {
     let resp = reqwest::get(url).await.ok()?;
     let status = resp.status().as_u16();
     Some((status, resp.text().await.ok()?))
-}
-
-/// Polls `check` every 20 ms until it holds; panics naming `what` after `timeout`.
-pub async fn until<F, Fut>(what: impl Display, timeout: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if check().await {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(UNTIL_POLL).await;
-    }
 }
 
 /// A spawned command whose stdout and stderr are read by threads as it writes them (a chatty

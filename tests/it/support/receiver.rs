@@ -216,6 +216,38 @@ impl Receiver {
         }
     }
 
+    /// The first request that satisfies `pred`, once one has arrived; after `timeout` panics
+    /// with `what` (what did not happen) and the last requests.
+    pub async fn first_where(
+        &self,
+        pred: impl Fn(&Received) -> bool,
+        timeout: Duration,
+        what: &str,
+    ) -> Received {
+        let came = self
+            .wait_until(|reqs| reqs.iter().any(&pred), timeout)
+            .await;
+        let reqs = self.requests();
+        let t0 = Instant::now()
+            .checked_sub(timeout)
+            .unwrap_or_else(Instant::now);
+        assert!(came, "{what}\n{}", timeline(&reqs, t0));
+        reqs.into_iter().find(|r| pred(r)).expect("the request")
+    }
+
+    /// The one relay that sends the requests arriving after `since`, watched for `window`
+    /// (exclusivity over a stretch of deliveries is the subject, so the window is a fixed
+    /// time); panics naming `what` when they come from more than one.
+    pub async fn only_sender_for(&self, since: Instant, window: Duration, what: &str) -> String {
+        tokio::time::sleep(window).await;
+        let after: Vec<Received> = self
+            .requests()
+            .into_iter()
+            .filter(|r| r.at > since)
+            .collect();
+        only_sender(&after, since, what)
+    }
+
     /// Waits until at least `n` requests have arrived; panics with `what` after `timeout`.
     pub async fn expect_requests(&self, n: usize, timeout: Duration, what: &str) {
         if !self.wait_until(|r| r.len() >= n, timeout).await {

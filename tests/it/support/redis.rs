@@ -147,21 +147,27 @@ impl RedisServer {
     /// persisted). Waits until it answers; panics if it does not within 10 s.
     pub async fn restart(&mut self) {
         self.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match self.spawn_and_wait().await {
-                Ok(()) => return,
-                Err(e) if Instant::now() < deadline => {
+        let port = self.port;
+        super::wait::until_reads(
+            Duration::from_secs(10),
+            async || {
+                let started = self.spawn_and_wait().await;
+                if let Err(e) = &started {
                     // The port may still be held for a moment (or taken by someone else).
-                    eprintln!(
-                        "redis-server restart on port {} failed: {e}; retrying",
-                        self.port
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    eprintln!("redis-server restart on port {port} failed: {e}; retrying");
                 }
-                Err(e) => panic!("redis-server could not restart on port {}: {e}", self.port),
-            }
-        }
+                started
+            },
+            Result::is_ok,
+            |e| {
+                format!(
+                    "redis-server could not restart on port {port}: {}",
+                    e.unwrap_err()
+                )
+            },
+        )
+        .await
+        .expect("restarted");
     }
 
     /// The server's own log (for failure messages).

@@ -268,20 +268,18 @@ impl Outbox {
 
     /// Waits until row `id` has `status`; panics (with the relay's log) after `timeout`.
     pub async fn wait_status(&self, relay: &Relay, id: i64, status: &str, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let (s, _, _) = self.row(id).await;
-            if s == status {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!(
+        super::wait::until_reads(
+            timeout,
+            async || self.row(id).await.0,
+            |s| s == status,
+            |s| {
+                format!(
                     "row {id} is {s}, not {status}, after {timeout:?}; relay log:\n{}",
                     relay.log()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                )
+            },
+        )
+        .await;
     }
 
     /// Writes a config file into the outbox's directory.

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use base64::Engine;
 use serde_json::{Value, json};
@@ -82,19 +82,15 @@ impl Browser {
             .timeout(Duration::from_secs(60))
             .build()
             .expect("client");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = http.get(format!("{base}/status")).send().await
-                && r.status().is_success()
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "chromedriver did not start within 20s"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        super::wait::until_or(
+            Duration::from_secs(20),
+            async || {
+                let r = http.get(format!("{base}/status")).send().await;
+                r.is_ok_and(|r| r.status().is_success())
+            },
+            || "chromedriver did not start within 20s".into(),
+        )
+        .await;
         let profile = tempfile::tempdir().expect("profile dir");
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
@@ -242,14 +238,13 @@ impl Browser {
 
     /// Waits until `script` (a JavaScript expression) is true in the page; panics after 10 s.
     pub async fn wait_for(&self, what: &str, expr: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if self.script(&format!("return !!({expr});")).await == Value::Bool(true) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let script = format!("return !!({expr});");
+        super::wait::until_or(
+            Duration::from_secs(10),
+            async || self.script(&script).await == Value::Bool(true),
+            || format!("timed out waiting for {what}"),
+        )
+        .await;
     }
 
     /// A PNG of the viewport, written to `path`.

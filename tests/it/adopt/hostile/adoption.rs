@@ -14,8 +14,7 @@ async fn typed_table(db: Db, n: usize, status: &str, channel: &str) -> Option<Te
     td.table = format!("{}_{n}", td.table);
     let columns =
         format!("ch {channel} NULL, k CHAR(8) NULL, body TEXT NULL, st {status} NOT NULL");
-    create(&td, "id", &columns).await;
-    Some(td)
+    created(td, &columns).await
 }
 
 const MAPPING: &str = r#"

@@ -16,12 +16,13 @@ mod types;
 mod values;
 
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::Row;
 
 use super::{text, verb};
 use crate::support::config::Config;
+use crate::support::wait::*;
 use crate::support::*;
 
 /// A test database without the relay's own table: the test creates the application's.
@@ -74,6 +75,12 @@ async fn create(td: &TestDb, id: &str, columns: &str) {
     exec(td, &format!("CREATE TABLE {{T}} ({id}, {columns})")).await;
 }
 
+/// `td` with its table created by [`create`] (id column `id`).
+async fn created(td: TestDb, columns: &str) -> Option<TestDb> {
+    create(&td, "id", columns).await;
+    Some(td)
+}
+
 /// Inserts one row of `values` (SQL) into `columns`.
 async fn insert(td: &TestDb, columns: &[&str], values: &[&str]) {
     let sql = format!(
@@ -116,20 +123,18 @@ async fn refused(td: &TestDb, config: &Config, args: &[&str], said: &[&str]) -> 
     out
 }
 
+/// Texts as `&str`s.
+fn as_strs(texts: &[Option<String>]) -> Vec<Option<&str>> {
+    texts.iter().map(Option::as_deref).collect()
+}
+
 /// Waits (up to 30 s) until `sql` (`{T}` as in [`exec`]) reads `want`.
 async fn wait_for(td: &TestDb, sql: &str, want: &[Option<&str>], log: impl Fn() -> String) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = texts(td, sql).await;
-        let got: Vec<Option<&str>> = got.iter().map(Option::as_deref).collect();
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{sql} reads {got:?}, not {want:?}\n{}",
-            log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_reads(
+        Duration::from_secs(30),
+        async || texts(td, sql).await,
+        |got| as_strs(got) == want,
+        |got| format!("{sql} reads {:?}, not {want:?}\n{}", as_strs(&got), log()),
+    )
+    .await;
 }

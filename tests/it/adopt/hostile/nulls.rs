@@ -23,8 +23,7 @@ async fn nullable_table(db: Db) -> Option<TestDb> {
          body VARCHAR(32) NULL, tries INT NULL, err TEXT NULL, created {time} NULL, \
          updated {time} NULL"
     );
-    create(&td, "id", &columns).await;
-    Some(td)
+    created(td, &columns).await
 }
 
 const MAPPING: &str = r#"

@@ -57,6 +57,7 @@ async fn a_row_whose_result_is_refused_is_parked_not_sent_again(db: Db) {
     .await;
     assert_eq!(relay.metric(metric::ROWS_PARKED).await, 2.0);
     assert!(relay.log_text().contains("parking it"), "logged");
+    // Two seconds in which a parked row must not be sent again.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(rx.len(), 2, "each row sent once, never again");
 

@@ -7,107 +7,121 @@ use super::*;
 use crate::support::process::*;
 use crate::support::receiver::Receiver;
 
-/// (column, its type, the value inserted as SQL, the text delivered) for `db`.
-fn columns(db: Db, mariadb: bool) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+/// A column: (its name, its type, the value inserted as SQL, the text delivered).
+type Column = (&'static str, &'static str, &'static str, &'static str);
+
+/// Columns as text, one a line: `name | type | value as SQL | text delivered`.
+fn table(text: &'static str) -> Vec<Column> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let f: Vec<&'static str> = l.split(" | ").map(str::trim).collect();
+            (f[0], f[1], f[2], f[3])
+        })
+        .collect()
+}
+
+/// The columns PostgreSQL and MySQL both have (`{...}`: the type's name there, from
+/// [`server_columns`]).
+const SERVER: &str = "
+n   | {numeric}        | 12.500                    | 12.500
+i   | {integer}        | 42                        | 42
+big | BIGINT           | 9007199254740993          | 9007199254740993
+s   | SMALLINT         | -5                        | -5
+r   | {real}           | 1.5                       | 1.5
+d   | {double}         | 0.1                       | 0.1
+dt  | DATE             | '2024-02-29'              | 2024-02-29
+ts  | {micros}         | '2024-01-02 03:04:05.25'  | 2024-01-02T03:04:05.25
+ts0 | {timestamp}      | '2024-01-02 03:04:00'     | 2024-01-02T03:04:00
+tm  | TIME             | '12:30:00'                | 12:30:00
+j   | {json}           | '{\"a\": 1}'              | {\"a\": 1}
+txt | TEXT             | 'héllo'                   | héllo
+";
+
+/// The columns PostgreSQL and MySQL both have, by the names of their types there: numeric,
+/// integer, real, double, timestamp with microseconds, timestamp, JSON.
+fn server_columns(types: [&'static str; 7]) -> Vec<Column> {
+    let names = [
+        "{numeric}",
+        "{integer}",
+        "{real}",
+        "{double}",
+        "{micros}",
+        "{timestamp}",
+        "{json}",
+    ];
+    table(SERVER)
+        .into_iter()
+        .map(|(c, ty, v, t)| {
+            let ty = names.iter().position(|n| *n == ty).map_or(ty, |i| types[i]);
+            (c, ty, v, t)
+        })
+        .collect()
+}
+
+const UUID: &str = "
+u   | UUID | 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11' | a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11
+";
+
+const POSTGRES: &str = r"
+b   | BOOLEAN     | true                      | true
+tz  | TIMESTAMPTZ | '2024-01-02 03:04:05+02'  | 2024-01-02T01:04:05Z
+by  | BYTEA       | '\xdeadbeef'              | deadbeef
+";
+
+const MYSQL: &str = "
+un   | INT UNSIGNED      | 4294967295             | 4294967295
+flag | TINYINT(1)        | 1                      | 1
+bits | BIT(3)            | b'101'                 | 5
+tz   | TIMESTAMP(6) NULL | '2024-01-02 03:04:05'  | 2024-01-02T03:04:05Z
+y    | YEAR              | 2024                   | 2024
+e    | ENUM('a','b')     | 'b'                    | b
+st   | SET('x','y')      | 'x,y'                  | x,y
+bin  | VARBINARY(4)      | X'DEADBEEF'            | deadbeef
+bl   | BLOB              | X'00FF'                | 00ff
+p    | POINT             | POINT(1, 2)            | POINT(1 2)
+";
+
+const SQLITE: &str = "
+i   | INTEGER | 42           | 42
+r   | REAL    | 0.1          | 0.1
+n   | NUMERIC | '12.500'     | 12.5
+dt  | DATE    | '2024-02-29' | 2024-02-29
+b   | BOOLEAN | 1            | 1
+bl  | BLOB    | X'DEADBEEF'  | deadbeef
+txt | TEXT    | 'héllo'      | héllo
+";
+
+/// The columns of every scalar type of `db` (of MariaDB's too where `mariadb`).
+fn columns(db: Db, mariadb: bool) -> Vec<Column> {
+    let mut all = match db {
+        Db::Postgres => server_columns([
+            "NUMERIC(10,3)",
+            "INTEGER",
+            "REAL",
+            "DOUBLE PRECISION",
+            "TIMESTAMP(6)",
+            "TIMESTAMP",
+            "JSONB",
+        ]),
+        Db::MySql => server_columns([
+            "DECIMAL(10,3)",
+            "INT",
+            "FLOAT",
+            "DOUBLE",
+            "DATETIME(6)",
+            "DATETIME",
+            "JSON",
+        ]),
+        Db::Sqlite => table(SQLITE),
+    };
     match db {
-        Db::Postgres => vec![
-            ("n", "NUMERIC(10,3)", "12.500", "12.500"),
-            ("i", "INTEGER", "42", "42"),
-            ("big", "BIGINT", "9007199254740993", "9007199254740993"),
-            ("s", "SMALLINT", "-5", "-5"),
-            ("r", "REAL", "1.5", "1.5"),
-            ("d", "DOUBLE PRECISION", "0.1", "0.1"),
-            ("b", "BOOLEAN", "true", "true"),
-            ("dt", "DATE", "'2024-02-29'", "2024-02-29"),
-            (
-                "ts",
-                "TIMESTAMP(6)",
-                "'2024-01-02 03:04:05.25'",
-                "2024-01-02T03:04:05.25",
-            ),
-            (
-                "ts0",
-                "TIMESTAMP",
-                "'2024-01-02 03:04:00'",
-                "2024-01-02T03:04:00",
-            ),
-            (
-                "tz",
-                "TIMESTAMPTZ",
-                "'2024-01-02 03:04:05+02'",
-                "2024-01-02T01:04:05Z",
-            ),
-            ("tm", "TIME", "'12:30:00'", "12:30:00"),
-            (
-                "u",
-                "UUID",
-                "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
-                "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
-            ),
-            ("by", "BYTEA", "'\\xdeadbeef'", "deadbeef"),
-            ("j", "JSONB", "'{\"a\": 1}'", "{\"a\": 1}"),
-            ("txt", "TEXT", "'héllo'", "héllo"),
-        ],
-        Db::MySql => {
-            let mut all = vec![
-                ("n", "DECIMAL(10,3)", "12.500", "12.500"),
-                ("i", "INT", "42", "42"),
-                ("big", "BIGINT", "9007199254740993", "9007199254740993"),
-                ("s", "SMALLINT", "-5", "-5"),
-                ("un", "INT UNSIGNED", "4294967295", "4294967295"),
-                ("flag", "TINYINT(1)", "1", "1"),
-                ("r", "FLOAT", "1.5", "1.5"),
-                ("d", "DOUBLE", "0.1", "0.1"),
-                ("bits", "BIT(3)", "b'101'", "5"),
-                ("dt", "DATE", "'2024-02-29'", "2024-02-29"),
-                (
-                    "ts",
-                    "DATETIME(6)",
-                    "'2024-01-02 03:04:05.25'",
-                    "2024-01-02T03:04:05.25",
-                ),
-                (
-                    "ts0",
-                    "DATETIME",
-                    "'2024-01-02 03:04:00'",
-                    "2024-01-02T03:04:00",
-                ),
-                (
-                    "tz",
-                    "TIMESTAMP(6) NULL",
-                    "'2024-01-02 03:04:05'",
-                    "2024-01-02T03:04:05Z",
-                ),
-                ("tm", "TIME", "'12:30:00'", "12:30:00"),
-                ("y", "YEAR", "2024", "2024"),
-                ("e", "ENUM('a','b')", "'b'", "b"),
-                ("st", "SET('x','y')", "'x,y'", "x,y"),
-                ("bin", "VARBINARY(4)", "X'DEADBEEF'", "deadbeef"),
-                ("bl", "BLOB", "X'00FF'", "00ff"),
-                ("j", "JSON", "'{\"a\": 1}'", "{\"a\": 1}"),
-                ("p", "POINT", "POINT(1, 2)", "POINT(1 2)"),
-                ("txt", "TEXT", "'héllo'", "héllo"),
-            ];
-            if mariadb {
-                all.push((
-                    "u",
-                    "UUID",
-                    "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
-                    "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
-                ));
-            }
-            all
-        }
-        Db::Sqlite => vec![
-            ("i", "INTEGER", "42", "42"),
-            ("r", "REAL", "0.1", "0.1"),
-            ("n", "NUMERIC", "'12.500'", "12.5"),
-            ("dt", "DATE", "'2024-02-29'", "2024-02-29"),
-            ("b", "BOOLEAN", "1", "1"),
-            ("bl", "BLOB", "X'DEADBEEF'", "deadbeef"),
-            ("txt", "TEXT", "'héllo'", "héllo"),
-        ],
+        Db::Postgres => all.extend(table(POSTGRES).into_iter().chain(table(UUID))),
+        Db::MySql if mariadb => all.extend(table(MYSQL).into_iter().chain(table(UUID))),
+        Db::MySql => all.extend(table(MYSQL)),
+        Db::Sqlite => {}
     }
+    all
 }
 
 per_db!(every_scalar_type_becomes_text_in_its_documented_format);

@@ -18,8 +18,7 @@ async fn wide_table(db: Db) -> Option<TestDb> {
         .map(|i| format!("c{i:03} VARCHAR(8) NULL"))
         .collect();
     let columns = format!("st VARCHAR(8) NOT NULL DEFAULT 'NEW', {}", cols.join(", "));
-    create(&td, "id", &columns).await;
-    Some(td)
+    created(td, &columns).await
 }
 
 /// The mapping of `keys` payload keys `k000`..., key `i` reading column `c<i % WIDE>`.

@@ -132,7 +132,6 @@ pub fn analyze(ev: &Evidence) -> Report {
     for h in ev.hits {
         *rep.requests_by_storm.entry(h.storm).or_insert(0) += 1;
     }
-    let name = |s: u8| ev.senders.get(s as usize).copied().unwrap_or("?");
 
     // Every row the inserter saw committed is in the table.
     let seqs: std::collections::HashSet<u64> = ev.rows.iter().map(|r| r.seq).collect();
@@ -178,62 +177,90 @@ pub fn analyze(ev: &Evidence) -> Report {
                 }
             }
         }
-        // Each accepted delivery after the first is a duplicate: the earlier one (p) was acted
-        // on but its result never written. Only the end of the process that sent p explains
-        // that: the first kill, pause or graceful stop of p's instance after p (a restart is a
-        // new process, which never knew p), and q must come after it. A kill or a pause is a
-        // cause; a graceful stop writes its results, so it is not. Or q is a request the
-        // paused instance had put on the wire before its pause, arriving when it continued.
-        for pair in accepted.windows(2) {
-            let (p, q) = (pair[0], pair[1]);
-            let ended = ev.faults.iter().enumerate().find(|(_, f)| {
-                matches!(f.kind, Kind::Kill9 | Kind::Pause | Kind::Graceful)
-                    && f.slot == Some(p.sender)
-                    && p.at <= f.at + ON_THE_WIRE
-            });
-            let by_fault = ended.filter(|(_, f)| f.kind != Kind::Graceful && q.at >= f.at);
-            // A request the paused instance's connection wrote when it woke (docs/design.md,
-            // "Sending": what remains of a pause), whichever of the two it was: its own send
-            // had timed out by then, so the row was given to the next holder too.
-            let woke = |h: &Hit, f: &Fault| {
-                f.slot == Some(h.sender) && h.at >= f.end && h.at <= f.end + WAKE_SLACK
-            };
-            let by_wake = ev
-                .faults
-                .iter()
-                .enumerate()
-                .find(|(_, f)| f.kind == Kind::Pause && (woke(q, f) || woke(p, f)));
-            match by_fault.or(by_wake) {
-                Some((i, f)) => {
-                    let cause = if by_fault.is_some() {
-                        format!("{} (in flight at it)", f.kind.name())
-                    } else {
-                        format!("{} (sent before it, arrived at SIGCONT)", f.kind.name())
-                    };
-                    *rep.duplicates.entry(cause).or_insert(0) += 1;
-                    *dup_per_fault.entry(i).or_insert(0) += 1;
-                }
-                None => rep.unaccounted.push(format!(
-                    "row {} accepted from {} at {:.3}s and again from {} at {:.3}s; {}",
-                    row.id,
-                    name(p.sender),
-                    (p.at - ev.t0).as_secs_f64(),
-                    name(q.sender),
-                    (q.at - ev.t0).as_secs_f64(),
-                    match ended {
-                        Some((_, f)) if f.kind == Kind::Graceful => {
-                            "its sender was then stopped gracefully"
-                        }
-                        Some(_) => "the second came before its sender was killed or paused",
-                        None => "its sender was never killed or paused after it",
-                    }
-                )),
-            }
-        }
+        note_duplicates(ev, row.id, &accepted, &mut rep, &mut dup_per_fault);
     }
     rep.lost.sort();
 
-    // Per fault: at most the rows the process could have had sent but not recorded (G3).
+    check_duplicate_bounds(ev, dup_per_fault, &mut rep);
+
+    check_key_order(ev, &by_id, &mut rep);
+
+    if ev.leader {
+        note_failovers(ev, &mut rep);
+    }
+    rep
+}
+
+/// The sender's name of slot `s`.
+fn sender_name<'a>(ev: &Evidence<'a>, s: u8) -> &'a str {
+    ev.senders.get(s as usize).copied().unwrap_or("?")
+}
+
+/// Each accepted delivery after the first is a duplicate: the earlier one (p) was acted
+/// on but its result never written. Only the end of the process that sent p explains
+/// that: the first kill, pause or graceful stop of p's instance after p (a restart is a
+/// new process, which never knew p), and q must come after it. A kill or a pause is a
+/// cause; a graceful stop writes its results, so it is not. Or q is a request the
+/// paused instance had put on the wire before its pause, arriving when it continued.
+fn note_duplicates(
+    ev: &Evidence,
+    row_id: i64,
+    accepted: &[&Hit],
+    rep: &mut Report,
+    dup_per_fault: &mut HashMap<usize, usize>,
+) {
+    let name = |s: u8| sender_name(ev, s);
+    for pair in accepted.windows(2) {
+        let (p, q) = (pair[0], pair[1]);
+        let ended = ev.faults.iter().enumerate().find(|(_, f)| {
+            matches!(f.kind, Kind::Kill9 | Kind::Pause | Kind::Graceful)
+                && f.slot == Some(p.sender)
+                && p.at <= f.at + ON_THE_WIRE
+        });
+        let by_fault = ended.filter(|(_, f)| f.kind != Kind::Graceful && q.at >= f.at);
+        // A request the paused instance's connection wrote when it woke (docs/design.md,
+        // "Sending": what remains of a pause), whichever of the two it was: its own send
+        // had timed out by then, so the row was given to the next holder too.
+        let woke = |h: &Hit, f: &Fault| {
+            f.slot == Some(h.sender) && h.at >= f.end && h.at <= f.end + WAKE_SLACK
+        };
+        let by_wake = ev
+            .faults
+            .iter()
+            .enumerate()
+            .find(|(_, f)| f.kind == Kind::Pause && (woke(q, f) || woke(p, f)));
+        match by_fault.or(by_wake) {
+            Some((i, f)) => {
+                let cause = if by_fault.is_some() {
+                    format!("{} (in flight at it)", f.kind.name())
+                } else {
+                    format!("{} (sent before it, arrived at SIGCONT)", f.kind.name())
+                };
+                *rep.duplicates.entry(cause).or_insert(0) += 1;
+                *dup_per_fault.entry(i).or_insert(0) += 1;
+            }
+            None => rep.unaccounted.push(format!(
+                "row {} accepted from {} at {:.3}s and again from {} at {:.3}s; {}",
+                row_id,
+                name(p.sender),
+                (p.at - ev.t0).as_secs_f64(),
+                name(q.sender),
+                (q.at - ev.t0).as_secs_f64(),
+                match ended {
+                    Some((_, f)) if f.kind == Kind::Graceful => {
+                        "its sender was then stopped gracefully"
+                    }
+                    Some(_) => "the second came before its sender was killed or paused",
+                    None => "its sender was never killed or paused after it",
+                }
+            )),
+        }
+    }
+}
+
+/// Per fault: at most the rows the process could have had sent but not recorded (G3).
+fn check_duplicate_bounds(ev: &Evidence, dup_per_fault: HashMap<usize, usize>, rep: &mut Report) {
+    let name = |s: u8| sender_name(ev, s);
     let mut per_fault: Vec<(usize, usize)> = dup_per_fault.into_iter().collect();
     per_fault.sort();
     for &(i, d) in &per_fault {
@@ -249,8 +276,10 @@ pub fn analyze(ev: &Evidence) -> Report {
         }
     }
     rep.per_fault = per_fault;
+}
 
-    // Per key, in id order: row n+1 first arrives after row n was first accepted.
+/// Per key, in id order: row n+1 first arrives after row n was first accepted.
+fn check_key_order(ev: &Evidence, by_id: &HashMap<i64, Vec<&Hit>>, rep: &mut Report) {
     let mut keys: BTreeMap<&str, Vec<&Row>> = BTreeMap::new();
     for r in ev.rows {
         if let Some(k) = &r.key {
@@ -282,24 +311,23 @@ pub fn analyze(ev: &Evidence) -> Report {
             }
         }
     }
+}
 
-    // Failovers (leader mode): a kill or pause of the holder to the next request by another.
-    if ev.leader {
-        for f in ev.faults.iter().filter(|f| f.holder) {
-            // After a kill the restarted instance may be the one that takes over; a paused
-            // one only counts once another instance delivered.
-            let next = ev
-                .hits
-                .iter()
-                .find(|h| {
-                    h.at > f.at + ON_THE_WIRE && (f.kind == Kind::Kill9 || Some(h.sender) != f.slot)
-                })
-                .map(|h| h.at - f.at);
-            rep.failovers
-                .push((f.kind, (f.at - ev.t0).as_secs_f64(), next));
-        }
+/// Failovers (leader mode): a kill or pause of the holder to the next request by another.
+fn note_failovers(ev: &Evidence, rep: &mut Report) {
+    for f in ev.faults.iter().filter(|f| f.holder) {
+        // After a kill the restarted instance may be the one that takes over; a paused
+        // one only counts once another instance delivered.
+        let next = ev
+            .hits
+            .iter()
+            .find(|h| {
+                h.at > f.at + ON_THE_WIRE && (f.kind == Kind::Kill9 || Some(h.sender) != f.slot)
+            })
+            .map(|h| h.at - f.at);
+        rep.failovers
+            .push((f.kind, (f.at - ev.t0).as_secs_f64(), next));
     }
-    rep
 }
 
 impl Report {
@@ -462,130 +490,4 @@ impl Report {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const SENDERS: [&str; 2] = ["a", "b"];
-
-    fn hit(id: i64, sender: u8, t0: Instant, ms: u64, accepted: bool) -> Hit {
-        let at = t0 + Duration::from_millis(ms);
-        Hit {
-            id: Some(id),
-            sender,
-            at,
-            answered: Some(at),
-            accepted,
-            storm: if accepted {
-                Storm::Calm
-            } else {
-                Storm::ServerErrors
-            },
-        }
-    }
-
-    fn fault(kind: Kind, slot: u8, t0: Instant, ms: u64) -> Fault {
-        let at = t0 + Duration::from_millis(ms);
-        Fault {
-            kind,
-            slot: Some(slot),
-            holder: true,
-            at,
-            end: at + Duration::from_millis(500),
-        }
-    }
-
-    fn row(id: i64, key: Option<&str>) -> Row {
-        Row {
-            id,
-            seq: id as u64,
-            key: key.map(str::to_string),
-            status: "SUCCESS".into(),
-        }
-    }
-
-    fn analyze_with(rows: &[Row], hits: &[Hit], faults: &[Fault], t0: Instant) -> Report {
-        analyze(&Evidence {
-            scenario: "unit".into(),
-            seed: 1,
-            leader: true,
-            max_in_flight: 2,
-            senders: &SENDERS,
-            rows,
-            hits,
-            faults,
-            commits: &HashMap::new(),
-            t0,
-        })
-    }
-
-    #[test]
-    fn a_duplicate_is_accounted_only_to_a_kill_or_pause_of_its_first_sender() {
-        let t0 = Instant::now();
-        let rows = [row(1, None), row(2, None), row(3, None), row(4, None)];
-        let hits = [
-            // Row 1: a (killed at 100 ms) had it; b delivers it again: a kill.
-            hit(1, 0, t0, 90, true),
-            hit(1, 1, t0, 1_000, true),
-            // Row 2: a again, but a second time before the kill: unaccounted.
-            hit(2, 0, t0, 10, true),
-            hit(2, 1, t0, 50, true),
-            // Row 3: b had it and then stopped gracefully: unaccounted.
-            hit(3, 1, t0, 1_100, true),
-            hit(3, 0, t0, 3_000, true),
-            // Row 4: a's request written when it woke from its pause (4,000 to 4,500 ms), the
-            // next holder b sending it too.
-            hit(4, 0, t0, 4_550, true),
-            hit(4, 1, t0, 4_700, true),
-        ];
-        let faults = [
-            fault(Kind::Kill9, 0, t0, 100),
-            fault(Kind::Graceful, 1, t0, 1_200),
-            fault(Kind::Pause, 0, t0, 4_000),
-        ];
-        let rep = analyze_with(&rows, &hits, &faults, t0);
-        assert_eq!(rep.duplicates.values().sum::<usize>(), 2, "{rep:?}");
-        assert_eq!(rep.unaccounted.len(), 2, "{:?}", rep.unaccounted);
-        assert!(rep.unaccounted[0].contains("before its sender was killed"));
-        assert!(rep.unaccounted[1].contains("gracefully"));
-        assert_eq!(rep.failovers.len(), 3);
-        assert_eq!(rep.failovers[0].2, Some(Duration::from_millis(900)));
-        assert!(rep.lost.is_empty() && rep.order_violations.is_empty());
-    }
-
-    #[test]
-    fn key_order_loss_and_the_per_fault_bound_are_checked() {
-        let t0 = Instant::now();
-        let rows = [
-            row(1, Some("k")),
-            row(2, Some("k")),
-            row(3, None),
-            row(4, None),
-            row(5, None),
-        ];
-        let hits = [
-            // Row 2 of key k arrives before row 1 was first accepted (only failed so far).
-            hit(1, 0, t0, 10, false),
-            hit(2, 0, t0, 20, true),
-            hit(1, 0, t0, 30, true),
-            // Rows 3, 4, 5: a killed with all three in flight, over the bound of 2.
-            hit(3, 0, t0, 40, true),
-            hit(4, 0, t0, 41, true),
-            hit(5, 0, t0, 42, true),
-            hit(3, 1, t0, 500, true),
-            hit(4, 1, t0, 501, true),
-            hit(5, 1, t0, 502, true),
-        ];
-        let faults = [fault(Kind::Kill9, 0, t0, 100)];
-        let mut rep = analyze_with(&rows, &hits, &faults, t0);
-        assert_eq!(rep.order_violations.len(), 1, "{:?}", rep.order_violations);
-        assert_eq!(rep.over_bound.len(), 1, "{:?}", rep.over_bound);
-        assert!(rep.unaccounted.is_empty());
-        rep.lost.clear();
-        let mut rows = rows.to_vec();
-        rows[4].status = "RETRY".into();
-        let rep = analyze_with(&rows, &hits[..8], &faults, t0);
-        assert_eq!(rep.stuck, 1);
-        assert_eq!(rep.lost, vec![5]);
-        assert_eq!(rep.problems().len(), 3, "{:?}", rep.problems());
-    }
-}
+mod tests;
