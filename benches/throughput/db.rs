@@ -12,6 +12,9 @@ pub(crate) fn payload(n: usize) -> String {
 pub(crate) struct Rows {
     /// Distinct ordering keys, round-robin over the rows (0: no row has one).
     pub(crate) keys: usize,
+    /// With `keys`: every other row has no key (row `k` odd), and the keyed rows between them
+    /// take the keys round-robin: unkeyed rows mixed into a keyed backlog.
+    pub(crate) mixed: bool,
     /// Payloads padded to this many bytes (0, or less than [`payload`]'s: as it is, about 75).
     /// Push messages and template parameters are a few hundred bytes to a few KiB.
     pub(crate) payload_bytes: usize,
@@ -101,10 +104,11 @@ pub(crate) async fn fill_at_once(store: &SqlStore, table: &str, n: usize) -> any
 }
 
 /// The INSERT statements for `n` rows of channel `hook`, [`INSERT_CHUNK`] rows each; with
-/// `rows.keys` above zero, row `k` has ordering key `k{k % keys}`.
+/// `rows.keys` above zero, row `k` has ordering key `k{k % keys}` (mixed: see [`Rows::mixed`]).
 fn inserts(table: &str, n: usize, rows: Rows) -> Vec<String> {
     let Rows {
         keys,
+        mixed,
         payload_bytes,
     } = rows;
     (0..n)
@@ -112,10 +116,11 @@ fn inserts(table: &str, n: usize, rows: Rows) -> Vec<String> {
         .map(|i| {
             let values: Vec<String> = (i..(i + INSERT_CHUNK).min(n))
                 .map(|k| {
-                    let key = if keys > 0 {
-                        format!("'k{}'", k % keys)
-                    } else {
-                        "NULL".to_string()
+                    let key = match (keys, mixed) {
+                        (0, _) => "NULL".to_string(),
+                        (_, true) if k % 2 == 1 => "NULL".to_string(),
+                        (_, true) => format!("'k{}'", (k / 2) % keys),
+                        (_, false) => format!("'k{}'", k % keys),
                     };
                     format!("('hook', '{}', {key})", payload_of(k, payload_bytes))
                 })

@@ -117,3 +117,26 @@ impl Counter {
         };
     }
 }
+
+/// The idle section: the release binary on an empty table, statements per second at the
+/// server.
+pub(crate) async fn idle_section(plan: &Plan, receiver: &Receiver) -> Vec<(Db, f64)> {
+    let mut idles: Vec<(Db, f64)> = Vec::new();
+    for &db in &plan.dbs {
+        let Ok(dir) = tempfile::tempdir() else {
+            continue;
+        };
+        match idle_run(db, &db.url(dir.path()), receiver).await {
+            Ok(Some(per_sec)) => {
+                println!(
+                    "  {:<8} idle      the relay binary, defaults (database lease), nothing to do: {per_sec:.1} statements/s as the server counts them",
+                    db.name()
+                );
+                idles.push((db, per_sec));
+            }
+            Ok(None) => {}
+            Err(e) => println!("  {:<8} idle      ERROR: {e:#}", db.name()),
+        }
+    }
+    idles
+}

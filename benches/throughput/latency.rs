@@ -271,3 +271,59 @@ async fn under_backlog_run_on(
     }
     Ok(UnderBacklog { rows })
 }
+
+/// The latency section: rows committed one by one at each of [`LATENCY_RATES`], and a few
+/// committed while a backlog as large as the main run's drains.
+pub(crate) async fn latency_section(
+    plan: &Plan,
+    receiver: &Receiver,
+) -> Vec<(Db, Vec<Latency>, Option<UnderBacklog>)> {
+    let mut latencies = Vec::new();
+    for &db in &plan.dbs {
+        let Ok(dir) = tempfile::tempdir() else {
+            continue;
+        };
+        let url = db.url(dir.path());
+        let mut runs = Vec::new();
+        for (rate, seconds) in LATENCY_RATES {
+            match latency_run(db, &url, receiver, rate, seconds).await {
+                Ok(l) => {
+                    println!(
+                        "  {:<8} latency   {rate:>5} rows/s, one per transaction, {} rows: p50 / p99 / max {} ms",
+                        db.name(),
+                        l.rows,
+                        l.cell()
+                    );
+                    runs.push(l);
+                }
+                Err(e) => {
+                    println!("  {:<8} latency   {rate} rows/s ERROR: {e:#}", db.name());
+                }
+            }
+        }
+        // A row committed while the relay drains a backlog as large as the main run's.
+        let backlog = plan.rows(db);
+        let under = match under_backlog_run(db, &url, receiver, backlog).await {
+            Ok(u) => {
+                println!(
+                    "  {:<8} latency   {} rows committed one by one while {backlog} rows drain: worst {} ahead of it; each (ms, backlog rows sent between its commit and its arrival): {}",
+                    db.name(),
+                    u.rows.len(),
+                    u.cell(),
+                    u.rows
+                        .iter()
+                        .map(|(d, n)| format!("{:.1}/{n}", d.as_secs_f64() * 1000.0))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+                Some(u)
+            }
+            Err(e) => {
+                println!("  {:<8} latency   under a backlog ERROR: {e:#}", db.name());
+                None
+            }
+        };
+        latencies.push((db, runs, under));
+    }
+    latencies
+}

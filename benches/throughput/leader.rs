@@ -310,43 +310,6 @@ impl Watched {
     }
 }
 
-/// The receiver's ceiling with the sink's default sends at once, printed with `when` (before
-/// or after the run it brackets); a failure is noted in `errors`.
-pub(crate) async fn ceiling_logged(
-    db: Db,
-    receiver: &Receiver,
-    requests: usize,
-    when: &str,
-    errors: &mut Vec<String>,
-) -> Option<f64> {
-    let sends = DEFAULT_SINK_CONCURRENCY;
-    match ceiling_run(receiver, requests, sends).await {
-        Ok((r, cpu)) => {
-            println!(
-                "  {:<8} ceiling   concurrency {sends} POSTs {requests} ({when}): {r:.0} req/s{}",
-                db.name(),
-                fmt_cpu(cpu)
-            );
-            Some(r)
-        }
-        Err(e) => {
-            errors.push(format!("ceiling {when}: {e:#}"));
-            None
-        }
-    }
-}
-
-/// The ceiling a run's share is taken against: the mean of the ceilings measured right
-/// before and right after it. This machine's speed drifts within a minute (neighbours on a
-/// shared host); bracketing the run makes a share show the drift instead of hiding it in one
-/// number (docs/performance-log.md has the run that showed it).
-pub(crate) fn ceiling_around(ceilings: (Option<f64>, Option<f64>)) -> Option<f64> {
-    match ceilings {
-        (Some(a), Some(b)) => Some((a + b) / 2.0),
-        (a, b) => a.or(b),
-    }
-}
-
 /// One database's figures, for the final table.
 pub(crate) struct Section {
     pub(crate) db: Db,
@@ -357,6 +320,13 @@ pub(crate) struct Section {
     pub(crate) ceiling: Option<f64>,
     /// The ceilings measured before and after the main run.
     pub(crate) ceilings: (Option<f64>, Option<f64>),
+    /// The bench's own client's ceiling around the main run, beside [`Section::ceiling`]
+    /// when wrk measured that (`ceiling.rs`).
+    pub(crate) own_ceiling: Option<f64>,
+    /// The keyed variations (`keyed.rs`).
+    pub(crate) keyed: Vec<KeyedRun>,
+    /// The tracing variation's mean rows/s, off and on (`trace_overhead.rs`).
+    pub(crate) tracing: Option<(f64, f64)>,
     pub(crate) variations: Vec<RelayRun>,
     pub(crate) errors: Vec<String>,
     pub(crate) skipped: Option<String>,
@@ -369,9 +339,10 @@ pub(crate) fn relay_config(r: &RelayRun) -> String {
         None => format!("sink conc {DEFAULT_SINK_CONCURRENCY:>3}*"),
     };
     let stats = if c.analyze { "" } else { " no-ANALYZE" };
-    let keys = match c.rows.keys {
-        0 => String::new(),
-        n => format!(" {n} keys"),
+    let keys = match (c.rows.keys, c.rows.mixed) {
+        (0, _) => String::new(),
+        (n, false) => format!(" {n} keys"),
+        (n, true) => format!(" {n} keys + unkeyed"),
     };
     let payload = match c.rows.payload_bytes {
         0 => String::new(),
@@ -410,7 +381,7 @@ pub(crate) fn print_relay(db: Db, label: &str, r: &RelayRun) {
 }
 
 /// The leader section on one database: the main run with the relay's defaults between two
-/// ceilings, the naive loop, then the variations.
+/// ceilings, the naive loop, then the variations, the keyed ones and tracing's.
 pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -> Section {
     let mut s = Section {
         db,
@@ -418,6 +389,9 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
         naive: None,
         ceiling: None,
         ceilings: (None, None),
+        own_ceiling: None,
+        keyed: Vec::new(),
+        tracing: None,
         variations: Vec::new(),
         errors: Vec::new(),
         skipped: None,
@@ -449,6 +423,7 @@ pub(crate) async fn run_section(db: Db, receiver: &Receiver, main_rows: usize) -
             }
         }
     }
+    keyed_variations(&mut s, &url, receiver).await;
     tracing_overhead(&mut s, &url, receiver, main_rows).await;
     s
 }
@@ -467,7 +442,7 @@ async fn main_run(s: &mut Section, url: &str, receiver: &Receiver, main_rows: us
     // A warm-up first, discarded: a receiver that compiles as it goes (Node's JIT) answers
     // the first thousands of requests slower, which would flatter the share.
     let _ = ceiling_run(receiver, main_rows / 2, sends).await;
-    s.ceilings.0 = ceiling_logged(db, receiver, main_rows, "before", &mut s.errors).await;
+    let before = ceiling_logged(db, receiver, main_rows, "before", &mut s.errors).await;
 
     let config = RunConfig {
         sink_concurrency: None,
@@ -480,8 +455,10 @@ async fn main_run(s: &mut Section, url: &str, receiver: &Receiver, main_rows: us
         }
         Err(e) => run_failed(db, "relay", "", &e, &mut s.errors),
     }
-    s.ceilings.1 = ceiling_logged(db, receiver, main_rows, "after", &mut s.errors).await;
-    s.ceiling = ceiling_around(s.ceilings);
+    let after = ceiling_logged(db, receiver, main_rows, "after", &mut s.errors).await;
+    s.ceilings = (before.best, after.best);
+    let around = ceiling_around(before, after);
+    (s.ceiling, s.own_ceiling) = (around.best, around.own);
 }
 
 /// The relay's default `batch_size` and `max_in_flight`.
@@ -540,8 +517,8 @@ fn variations(db: Db, main_rows: usize) -> Vec<(RunConfig, usize)> {
 }
 
 /// Where the throughput comes from: concurrency, batch size, the sink's default cap, the
-/// planner's statistics, ordering keys and payload size.
-fn standard_variations(main_rows: usize) -> [(RunConfig, usize); 8] {
+/// planner's statistics and payload size (ordering keys: `keyed.rs`).
+fn standard_variations(main_rows: usize) -> [(RunConfig, usize); 7] {
     let (batch, in_flight) = relay_defaults();
     let var_rows = (main_rows / 2).max(1000);
     [
@@ -558,19 +535,6 @@ fn standard_variations(main_rows: usize) -> [(RunConfig, usize); 8] {
                 ..RunConfig::new(batch, in_flight)
             },
             main_rows,
-        ),
-        // The defaults on rows of fewer ordering keys than the relay has rows in flight: once
-        // every key's head is out, each row left waits behind one (README, "Performance").
-        (
-            RunConfig {
-                sink_concurrency: None,
-                rows: Rows {
-                    keys: claim::ORDERING_KEYS,
-                    ..Rows::default()
-                },
-                ..RunConfig::new(batch, in_flight)
-            },
-            var_rows,
         ),
         // The defaults on payloads of a size push messages and template parameters have
         // (the main run's are about 75 bytes).

@@ -4,10 +4,12 @@
 //!
 //! - **naive**: the "select one due row, POST it, mark it SUCCESS" loop many hand-rolled
 //!   pollers use, one row at a time, same HTTP client settings as the webhook sink;
-//! - **ceiling**: the receiver alone, POSTed to from as many concurrent loops as the sink's
-//!   default sends at once, with no database at all; measured right before and right after
-//!   the main run (and around the relay binary's runs), and the share taken against the mean,
-//!   since this machine's speed drifts within a minute.
+//! - **ceiling**: the receiver alone, with no database: wrk (Debian's `wrk`) at the best of
+//!   several connection counts when it is installed, else (and always beside it) the bench's
+//!   own client with as many concurrent loops as the sink's default sends at once
+//!   (`ceiling.rs`); measured right before and right after the main run (and around the relay
+//!   binary's runs), and the share taken against the mean, since this machine's speed drifts
+//!   within a minute. The receiver is started and warmed once and serves the whole run.
 //!
 //! For the relay it reports rows/s (start until every row is SUCCESS in the database),
 //! statements per delivered row (`SqlStore::statements`, BEGIN/COMMIT not counted) and, on
@@ -19,9 +21,11 @@
 //!
 //! Variations show where the throughput comes from: `max_in_flight` and `batch_size`, the sink's
 //! default `concurrency` (64), the planner's statistics (`no-ANALYZE`: the table as a bulk
-//! insert leaves it), ordering keys (`200 keys`: the defaults on rows of 200 keys,
-//! round-robin, fewer keys than rows in flight) and payloads of 1 KiB (`payload 1024 B`: the
+//! insert leaves it) and payloads of 1 KiB (`payload 1024 B`: the
 //! defaults on payloads the size of a push message; the main run's are about 75 bytes).
+//! The keyed variations (`keyed.rs`) drain backlogs of ordering keys with the defaults: 200
+//! keys of 100 rows, 20 keys of 1,000 rows, and as many unkeyed rows mixed into the latter
+//! (the unkeyed rows' rate), each as a ratio to the main run beside its target.
 //! PostgreSQL diagnostics pass settings to the
 //! relay's sessions through the URL's `options` (never recommended settings, only to show what
 //! a cost is): `custom_plans` (`plan_cache_mode=force_custom_plan`: every execution planned
@@ -48,7 +52,7 @@
 //! defaults and reads its resident memory idle and at its peak while draining a backlog. The
 //! **idle** section runs it with the defaults on an empty table and reads how many statements
 //! the database server executed for it per second (PostgreSQL and MariaDB). The run ends with
-//! one markdown table of every figure.
+//! markdown tables of every figure, one of them each target beside its figure (`targets.rs`).
 //!
 //! Run: `cargo bench --bench throughput`. Environment knobs:
 //! - `OUTBOX_RELAY_BENCH_ROWS` rows for the main relay run (default 20000 on PostgreSQL,
@@ -62,6 +66,8 @@
 //! - `OUTBOX_RELAY_BENCH_RECEIVER=node` receives with Node's http server in its own process
 //!   (`receiver.js`, as the performance targets were first measured) instead of the
 //!   in-process receiver; the claim and latency sections are then skipped;
+//! - `OUTBOX_RELAY_BENCH_CEILING=own` measures the ceiling with the bench's own client even
+//!   when wrk is installed;
 //! - `OUTBOX_RELAY_TEST_POSTGRES_URL`, `OUTBOX_RELAY_TEST_MYSQL_URL` as for the tests.
 //!
 //! A database that cannot be reached is skipped with a message. Every run is bounded in time;
@@ -73,19 +79,24 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod ceiling;
 mod claim;
 mod cpu;
 mod db;
 mod idle;
+mod keyed;
 mod latency;
 mod leader;
 mod memory;
+mod receiver;
 mod references;
 mod report;
+mod summary;
 /// The integration tests' toolkit (databases, receivers); the bench uses part of it.
 #[allow(dead_code, unused_macros)]
 #[path = "../../tests/it/support/mod.rs"]
 mod support;
+mod targets;
 mod trace_overhead;
 
 use std::collections::{BTreeMap, HashMap};
@@ -103,16 +114,21 @@ use outbox_relay::telemetry::Health;
 use sqlx::{Connection, Row};
 use tokio_util::sync::CancellationToken;
 
+use ceiling::*;
 use claim::*;
 use cpu::*;
 use db::*;
 use idle::*;
+use keyed::*;
 use latency::*;
 use leader::*;
 use memory::*;
+use receiver::*;
 use references::*;
+use summary::*;
 use support::Db;
 use support::config::Config;
+use targets::*;
 use trace_overhead::*;
 
 /// A relay assembled in this process as `outbox-relay run` assembles it (`relay::assemble`:
@@ -161,45 +177,6 @@ async fn assemble(
 
 /// A relay and the keeper of its lease, if it has one.
 type Assembled = (Relay, Option<lease::Keeper>);
-
-/// `benches/throughput/receiver.js` under `node`, killed when dropped.
-struct NodeReceiver(std::process::Child);
-
-impl NodeReceiver {
-    /// Starts the script and waits for the port it prints.
-    fn start() -> anyhow::Result<(Receiver, NodeReceiver)> {
-        use std::io::BufRead;
-        let script = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/benches/throughput/receiver.js"
-        );
-        let mut child = std::process::Command::new("node")
-            .arg(script)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .context("spawn node (OUTBOX_RELAY_BENCH_RECEIVER=node needs Node.js on PATH)")?;
-        let stdout = child.stdout.take().context("node's stdout")?;
-        let guard = NodeReceiver(child);
-        let mut line = String::new();
-        std::io::BufReader::new(stdout).read_line(&mut line)?;
-        let port: u16 = line
-            .trim()
-            .parse()
-            .with_context(|| format!("node printed {line:?}, not a port"))?;
-        Ok((
-            Receiver::external(&format!("http://127.0.0.1:{port}"))?,
-            guard,
-        ))
-    }
-}
-
-impl Drop for NodeReceiver {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The runtime the relays under test run on, built as the binary builds its own
 /// (`outbox_relay::runtime::build`: one worker fewer than the cores, the last left to the
@@ -421,279 +398,4 @@ fn load() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|_| "?".into())
-}
-
-/// Starts the receiver the plan asks for (warming Node's first) and says what it is; `None`
-/// when it cannot start.
-async fn start_receiver(plan: &Plan) -> Option<(Receiver, Option<NodeReceiver>)> {
-    let started_receiver = if plan.node {
-        NodeReceiver::start().map(|(r, child)| (r, Some(child)))
-    } else {
-        Receiver::start().await.map(|r| (r, None))
-    };
-    let (receiver, node) = match started_receiver {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("cannot start the loopback receiver: {e:#}");
-            return None;
-        }
-    };
-    let kind = if plan.node {
-        "Node's http server, its own process"
-    } else {
-        "in this process"
-    };
-    println!(
-        "outbox-relay throughput bench: receiver {} (204, no work; {kind}); {} worker threads; tracing and metrics recorder not installed",
-        receiver.url, plan.cores
-    );
-    if plan.node {
-        // Node compiles its request path as it goes, which makes the first database's
-        // ceiling low unless Node is warmed first (docs/performance-log.md).
-        let _ = references::ceiling_run(&receiver, NODE_WARM_UP, DEFAULT_SINK_CONCURRENCY).await;
-    }
-    if plan.node && (plan.section_on("claim") || plan.section_on("latency")) {
-        println!(
-            "note: the claim and latency sections need the in-process receiver; skipped with OUTBOX_RELAY_BENCH_RECEIVER=node"
-        );
-    }
-    Some((receiver, node))
-}
-
-/// The latency section: rows committed one by one at each of [`LATENCY_RATES`], and a few
-/// committed while a backlog as large as the main run's drains.
-async fn latency_section(
-    plan: &Plan,
-    receiver: &Receiver,
-) -> Vec<(Db, Vec<Latency>, Option<UnderBacklog>)> {
-    let mut latencies = Vec::new();
-    for &db in &plan.dbs {
-        let Ok(dir) = tempfile::tempdir() else {
-            continue;
-        };
-        let url = db.url(dir.path());
-        let mut runs = Vec::new();
-        for (rate, seconds) in LATENCY_RATES {
-            match latency_run(db, &url, receiver, rate, seconds).await {
-                Ok(l) => {
-                    println!(
-                        "  {:<8} latency   {rate:>5} rows/s, one per transaction, {} rows: p50 / p99 / max {} ms",
-                        db.name(),
-                        l.rows,
-                        l.cell()
-                    );
-                    runs.push(l);
-                }
-                Err(e) => {
-                    println!("  {:<8} latency   {rate} rows/s ERROR: {e:#}", db.name());
-                }
-            }
-        }
-        // A row committed while the relay drains a backlog as large as the main run's.
-        let backlog = plan.rows(db);
-        let under = match under_backlog_run(db, &url, receiver, backlog).await {
-            Ok(u) => {
-                println!(
-                    "  {:<8} latency   {} rows committed one by one while {backlog} rows drain: worst {} ahead of it; each (ms, backlog rows sent between its commit and its arrival): {}",
-                    db.name(),
-                    u.rows.len(),
-                    u.cell(),
-                    u.rows
-                        .iter()
-                        .map(|(d, n)| format!("{:.1}/{n}", d.as_secs_f64() * 1000.0))
-                        .collect::<Vec<_>>()
-                        .join(" ")
-                );
-                Some(u)
-            }
-            Err(e) => {
-                println!("  {:<8} latency   under a backlog ERROR: {e:#}", db.name());
-                None
-            }
-        };
-        latencies.push((db, runs, under));
-    }
-    latencies
-}
-
-/// The memory section: the release binary as its own process, draining as many rows as the
-/// leader section's main run (its resident memory) and started on them (its first send).
-/// Its shares are taken against a ceiling measured around its two runs (see
-/// `ceiling_around`), not the leader section's, minutes earlier.
-async fn binary_section(plan: &Plan, receiver: &Receiver) -> (Vec<(Db, Rss)>, Vec<(Db, Start)>) {
-    let mut memory: Vec<(Db, Rss)> = Vec::new();
-    let mut starts: Vec<(Db, Start)> = Vec::new();
-    for &db in &plan.dbs {
-        let Ok(dir) = tempfile::tempdir() else {
-            continue;
-        };
-        let rows = plan.rows(db);
-        let mut errors = Vec::new();
-        let before = ceiling_logged(db, receiver, rows, "before the binary", &mut errors).await;
-        let mut rss = match rss_run(db, &db.url(dir.path()), receiver, rows).await {
-            Ok(r) => {
-                println!(
-                    "  {:<8} memory    the relay binary, defaults: idle {:.1} MiB resident, peak {:.1} MiB draining {rows} rows ({:.0} rows/s)",
-                    db.name(),
-                    r.idle_kib as f64 / 1024.0,
-                    r.peak_kib as f64 / 1024.0,
-                    r.rows_per_sec
-                );
-                Some(r)
-            }
-            Err(e) => {
-                println!("  {:<8} memory    ERROR: {e:#}", db.name());
-                None
-            }
-        };
-        let mut start = match start_run(db, &db.url(dir.path()), receiver, rows).await {
-            Ok(r) => {
-                println!(
-                    "  {:<8} start     the relay binary, defaults (database lease), started on {rows} waiting rows: first send after {:.0} ms, {:.0} rows/s from the start",
-                    db.name(),
-                    r.first_send.as_secs_f64() * 1000.0,
-                    r.rows_per_sec
-                );
-                Some(r)
-            }
-            Err(e) => {
-                println!("  {:<8} start     ERROR: {e:#}", db.name());
-                None
-            }
-        };
-        let after = ceiling_logged(db, receiver, rows, "after the binary", &mut errors).await;
-        for e in errors {
-            println!("  {:<8} {e}", db.name());
-        }
-        let ceiling = ceiling_around((before, after));
-        if let Some(r) = rss.as_mut() {
-            r.ceiling = ceiling;
-        }
-        if let Some(r) = start.as_mut() {
-            r.ceiling = ceiling;
-        }
-        memory.extend(rss.map(|r| (db, r)));
-        starts.extend(start.map(|r| (db, r)));
-    }
-    (memory, starts)
-}
-
-/// The idle section: the release binary on an empty table, statements per second at the
-/// server.
-async fn idle_section(plan: &Plan, receiver: &Receiver) -> Vec<(Db, f64)> {
-    let mut idles: Vec<(Db, f64)> = Vec::new();
-    for &db in &plan.dbs {
-        let Ok(dir) = tempfile::tempdir() else {
-            continue;
-        };
-        match idle_run(db, &db.url(dir.path()), receiver).await {
-            Ok(Some(per_sec)) => {
-                println!(
-                    "  {:<8} idle      the relay binary, defaults (database lease), nothing to do: {per_sec:.1} statements/s as the server counts them",
-                    db.name()
-                );
-                idles.push((db, per_sec));
-            }
-            Ok(None) => {}
-            Err(e) => println!("  {:<8} idle      ERROR: {e:#}", db.name()),
-        }
-    }
-    idles
-}
-
-/// The plain-text summaries of the leader and claim sections; `false` when a run failed.
-fn print_summary(plan: &Plan, figures: &Figures, bench_started: Instant) -> bool {
-    let sections = &figures.sections;
-    if !sections.is_empty() {
-        println!(
-            "== summary (leader section {:.0}s, bench total {:.0}s; relay = rows/s until all SUCCESS in the database; naive = select-one/POST/update-one loop on the same database over fewer rows; ceiling = POSTs alone at the same concurrency)",
-            figures.leader_secs,
-            bench_started.elapsed().as_secs_f64()
-        );
-    }
-    let mut ok = true;
-    for s in sections {
-        ok &= print_section_summary(s);
-    }
-    if !sections.is_empty() {
-        println!(
-            "* sink concurrency left at its default ({DEFAULT_SINK_CONCURRENCY}): the sends at once, with up to as many rows claimed ahead while relay slots are free; elsewhere it is set to max_in_flight."
-        );
-    }
-    if !figures.claim_sections.is_empty() {
-        println!(
-            "== claim summary ({:.0}s; rows/s until all SUCCESS; N inst = N claim-mode relays in this process, each with its own pool, sinks, instance id and receiver path; (x) = ratio to 1 inst in this run; shares = requests per instance a/b/c; ordering = rows with {ORDERING_KEYS} ordering keys round-robin vs unkeyed rows, same instance count)",
-            figures.claim_secs
-        );
-        for s in &figures.claim_sections {
-            ok &= print_claim_summary(s);
-        }
-        println!(
-            "note: the claim-mode instances share this machine's {} CPU(s) with each other, the database server and the receiver: 2 and 3 instances add contention on the SQL claim path and its locks, not CPUs, so the ratios show how the claim path scales (or degrades) under concurrency, not what more machines would give.",
-            plan.cores
-        );
-    }
-    ok
-}
-
-/// One database's leader-section summary; `false` when a run failed.
-fn print_section_summary(s: &Section) -> bool {
-    if let Some(why) = &s.skipped {
-        println!("{:<9} skipped: {why}", s.db.name());
-        return true;
-    }
-    let relay = s.main.as_ref().map(|r| r.rows_per_sec);
-    let fmt_rate = |r: Option<f64>| r.map(|v| format!("{v:.0}")).unwrap_or("-".into());
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.1}x", a / b),
-        _ => "-".into(),
-    };
-    let naive = s.naive.as_ref().map(|r| r.rows_per_sec);
-    let stmts = s
-        .main
-        .as_ref()
-        .map(|r| format!("{:.4}", r.statements_per_row()))
-        .unwrap_or("-".into());
-    println!(
-        "{:<9} relay {} rows/s  naive {} rows/s  relay/naive {}  ceiling {} rows/s  relay/ceiling {}  statements/row {stmts}{}",
-        s.db.name(),
-        fmt_rate(relay),
-        fmt_rate(naive),
-        ratio(relay, naive),
-        fmt_rate(s.ceiling),
-        ratio(relay, s.ceiling),
-        xacts_per_row(s.main.as_ref()),
-    );
-    for v in &s.variations {
-        println!(
-            "{:<9}   {}: {:>6.0} rows/s  statements/row {:.4}{}",
-            "",
-            relay_config(v),
-            v.rows_per_sec,
-            v.statements_per_row(),
-            xacts_per_row(Some(v)),
-        );
-    }
-    for r in s.main.iter().chain(&s.variations) {
-        if r.received != r.rows as u64 {
-            println!(
-                "{:<9}   NOTE: receiver counted {} requests for {} rows ({})",
-                "",
-                r.received,
-                r.rows,
-                relay_config(r)
-            );
-        }
-    }
-    for e in &s.errors {
-        println!("{:<9}   ERROR {e}", s.db.name());
-    }
-    s.errors.is_empty()
-}
-
-/// `  xacts/row N` for a run that has the figure (PostgreSQL), else nothing.
-fn xacts_per_row(r: Option<&RelayRun>) -> String {
-    r.and_then(|r| r.xacts_per_row())
-        .map(|x| format!("  xacts/row {x:.4}"))
-        .unwrap_or_default()
 }

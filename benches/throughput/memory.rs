@@ -218,3 +218,68 @@ async fn all_delivered(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// The memory section: the release binary as its own process, draining as many rows as the
+/// leader section's main run (its resident memory) and started on them (its first send).
+/// Its shares are taken against a ceiling measured around its two runs (see
+/// `ceiling_around`), not the leader section's, minutes earlier.
+pub(crate) async fn binary_section(
+    plan: &Plan,
+    receiver: &Receiver,
+) -> (Vec<(Db, Rss)>, Vec<(Db, Start)>) {
+    let mut memory: Vec<(Db, Rss)> = Vec::new();
+    let mut starts: Vec<(Db, Start)> = Vec::new();
+    for &db in &plan.dbs {
+        let Ok(dir) = tempfile::tempdir() else {
+            continue;
+        };
+        let rows = plan.rows(db);
+        let mut errors = Vec::new();
+        let before = ceiling_logged(db, receiver, rows, "before the binary", &mut errors).await;
+        let mut rss = match rss_run(db, &db.url(dir.path()), receiver, rows).await {
+            Ok(r) => {
+                println!(
+                    "  {:<8} memory    the relay binary, defaults: idle {:.1} MiB resident, peak {:.1} MiB draining {rows} rows ({:.0} rows/s)",
+                    db.name(),
+                    r.idle_kib as f64 / 1024.0,
+                    r.peak_kib as f64 / 1024.0,
+                    r.rows_per_sec
+                );
+                Some(r)
+            }
+            Err(e) => {
+                println!("  {:<8} memory    ERROR: {e:#}", db.name());
+                None
+            }
+        };
+        let mut start = match start_run(db, &db.url(dir.path()), receiver, rows).await {
+            Ok(r) => {
+                println!(
+                    "  {:<8} start     the relay binary, defaults (database lease), started on {rows} waiting rows: first send after {:.0} ms, {:.0} rows/s from the start",
+                    db.name(),
+                    r.first_send.as_secs_f64() * 1000.0,
+                    r.rows_per_sec
+                );
+                Some(r)
+            }
+            Err(e) => {
+                println!("  {:<8} start     ERROR: {e:#}", db.name());
+                None
+            }
+        };
+        let after = ceiling_logged(db, receiver, rows, "after the binary", &mut errors).await;
+        for e in errors {
+            println!("  {:<8} {e}", db.name());
+        }
+        let ceiling = ceiling_around(before, after).best;
+        if let Some(r) = rss.as_mut() {
+            r.ceiling = ceiling;
+        }
+        if let Some(r) = start.as_mut() {
+            r.ceiling = ceiling;
+        }
+        memory.extend(rss.map(|r| (db, r)));
+        starts.extend(start.map(|r| (db, r)));
+    }
+    (memory, starts)
+}

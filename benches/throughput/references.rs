@@ -1,6 +1,6 @@
 //! The two references every relay figure is compared with, measured in the same run: the
 //! naive loop (one due row selected, POSTed and marked SUCCESS at a time, as hand-written
-//! pollers do) and the receiver's ceiling (POSTs alone at the relay's concurrency).
+//! pollers do); the receiver's ceiling has its own file (`ceiling.rs`).
 
 use super::*;
 
@@ -144,50 +144,4 @@ pub(crate) async fn naive_run_on(
         },
         cpu,
     })
-}
-
-/// The receiver alone: `n` POSTs from `concurrency` loops, no database.
-pub(crate) async fn ceiling_run(
-    receiver: &Receiver,
-    n: usize,
-    concurrency: u32,
-) -> anyhow::Result<(f64, Option<CpuShares>)> {
-    let client = sink_like_client()?;
-    let target = reqwest::Url::parse(&receiver.url)?;
-    let next = Arc::new(AtomicU64::new(0));
-    let cpu_before = CpuSnap::take();
-    let started = Instant::now();
-    let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (client, next, url) = (client.clone(), next.clone(), target.clone());
-        workers.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= n {
-                    return true;
-                }
-                if !post_like_sink(&client, &url, i as i64, payload(i)).await {
-                    return false;
-                }
-            }
-        });
-    }
-    let all = tokio::time::timeout(CEILING_RUN_LIMIT, async {
-        let mut ok = true;
-        while let Some(r) = workers.join_next().await {
-            ok &= r.unwrap_or(false);
-        }
-        ok
-    })
-    .await;
-    match all {
-        Ok(true) => Ok((
-            n as f64 / started.elapsed().as_secs_f64(),
-            cpu_before
-                .zip(CpuSnap::take())
-                .and_then(|(a, b)| a.since(b)),
-        )),
-        Ok(false) => bail!("ceiling: a POST failed"),
-        Err(_) => bail!("ceiling: {n} POSTs did not finish within {CEILING_RUN_LIMIT:?}"),
-    }
 }

@@ -40,6 +40,7 @@ pub(crate) async fn tracing_overhead(
     }
     let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     if let (Some(off), Some(on)) = (mean(&off), mean(&on)) {
+        s.tracing = Some((off, on));
         println!(
             "  {:<8} tracing   {rows} rows, {PAIRS} alternate drains each: off {off:.0} rows/s, on {on:.0} rows/s ({:.2}x)",
             db.name(),

@@ -1,0 +1,171 @@
+//! The leader section's keyed variations (issue 36): backlogs of ordering keys drained with
+//! the defaults, each compared with the unkeyed main run of the same run. Rows take their keys
+//! round-robin, so consecutive rows belong to different keys, and once the head of every key
+//! is in flight each row left waits behind one (docs/performance.md, "Open").
+
+use super::*;
+
+/// One keyed backlog, and its target as a ratio to the unkeyed main run's rows/s.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct KeyedCase {
+    pub(crate) keys: usize,
+    pub(crate) rows_per_key: usize,
+    /// As many unkeyed rows again, one between each two keyed rows; the figure is then the
+    /// unkeyed rows' rate, from the start until the last of them is sent.
+    pub(crate) mixed: bool,
+    /// The least ratio to the main run's rows/s that meets the target.
+    pub(crate) target: f64,
+}
+
+/// The cases of issue 36: 200 keys of 100 rows (at least 0.8x the unkeyed rate), 20 keys of
+/// 1,000 rows (at least 0.3x), and unkeyed rows mixed into a backlog of 20 keys of 1,000 rows,
+/// which should not slow them (taken as at least 0.9x).
+pub(crate) const KEYED_CASES: [KeyedCase; 3] = [
+    KeyedCase {
+        keys: 200,
+        rows_per_key: 100,
+        mixed: false,
+        target: 0.8,
+    },
+    KeyedCase {
+        keys: 20,
+        rows_per_key: 1000,
+        mixed: false,
+        target: 0.3,
+    },
+    KeyedCase {
+        keys: 20,
+        rows_per_key: 1000,
+        mixed: true,
+        target: 0.9,
+    },
+];
+
+impl KeyedCase {
+    /// `200 keys x 100 rows`, `unkeyed among 20 keys x 1000 rows`.
+    pub(crate) fn label(&self) -> String {
+        let keyed = format!("{} keys x {} rows", self.keys, self.rows_per_key);
+        match self.mixed {
+            true => format!("unkeyed among {keyed}"),
+            false => keyed,
+        }
+    }
+
+    /// The keyed rows, and as many unkeyed when mixed.
+    fn rows(&self) -> usize {
+        let keyed = self.keys * self.rows_per_key;
+        if self.mixed { 2 * keyed } else { keyed }
+    }
+}
+
+/// What one keyed variation measured.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyedRun {
+    pub(crate) case: KeyedCase,
+    /// The whole table's drain.
+    pub(crate) run: RelayRun,
+    /// The case's figure: rows/s of every row, or of the unkeyed rows when mixed.
+    pub(crate) rows_per_sec: f64,
+    /// Mixed: the keyed rows sent by the time the last unkeyed row was.
+    pub(crate) keyed_meanwhile: Option<i64>,
+}
+
+impl KeyedRun {
+    /// The figure against the main run's rows/s.
+    pub(crate) fn ratio(&self, main: f64) -> f64 {
+        self.rows_per_sec / main
+    }
+}
+
+/// Runs every case of [`KEYED_CASES`] on `db`, prints each, and keeps them in the section.
+pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Receiver) {
+    let db = s.db;
+    for case in KEYED_CASES {
+        match keyed_run(db, url, receiver, case).await {
+            Ok(k) => {
+                print_relay(db, "keyed", &k.run);
+                let main = s.main.as_ref().map(|m| m.rows_per_sec);
+                let meanwhile = k
+                    .keyed_meanwhile
+                    .map(|n| format!(" ({n} keyed rows sent meanwhile)"))
+                    .unwrap_or_default();
+                println!(
+                    "  {:<8} keyed     {}: {:.0} rows/s{meanwhile}, {} the main run (target >= {:.1}x)",
+                    db.name(),
+                    case.label(),
+                    k.rows_per_sec,
+                    main.map_or("-".into(), |m| format!("{:.2}x", k.ratio(m))),
+                    case.target
+                );
+                s.keyed.push(k);
+            }
+            Err(e) => run_failed(db, "keyed", &case.label(), &e, &mut s.errors),
+        }
+    }
+}
+
+/// One case on its own table: the relay with the defaults (as the main run) drains it.
+async fn keyed_run(
+    db: Db,
+    url: &str,
+    receiver: &Receiver,
+    case: KeyedCase,
+) -> anyhow::Result<KeyedRun> {
+    let (batch, in_flight) = relay_defaults();
+    let config = RunConfig {
+        sink_concurrency: None,
+        rows: Rows {
+            keys: case.keys,
+            mixed: case.mixed,
+            ..Rows::default()
+        },
+        ..RunConfig::new(batch, in_flight)
+    };
+    let n = case.rows();
+    on_own_table(db, url, "keyed", async |table| {
+        let run = relay_run_on(db, url, table, receiver, n, config).await?;
+        if !case.mixed {
+            let rows_per_sec = run.rows_per_sec;
+            return Ok(KeyedRun {
+                case,
+                run,
+                rows_per_sec,
+                keyed_meanwhile: None,
+            });
+        }
+        let (after_last, meanwhile) = after_last_unkeyed(db, url, table).await?;
+        // The run's time less the time from the last unkeyed row's send to the last row's,
+        // both by the database's clock (`sent_at`).
+        let elapsed = (n as f64 / run.rows_per_sec - after_last.max(0.0)).max(1e-6);
+        Ok(KeyedRun {
+            case,
+            rows_per_sec: (n / 2) as f64 / elapsed,
+            run,
+            keyed_meanwhile: Some(meanwhile),
+        })
+    })
+    .await
+}
+
+/// On a drained mixed table: the seconds from the last unkeyed row's `sent_at` to the last
+/// row's, and how many keyed rows were sent by then.
+async fn after_last_unkeyed(db: Db, url: &str, table: &str) -> anyhow::Result<(f64, i64)> {
+    let epoch = |t: &str| match db {
+        Db::Postgres => format!("EXTRACT(EPOCH FROM {t})::float8"),
+        Db::MySql => format!("(UNIX_TIMESTAMP({t}) * 1e0)"),
+        Db::Sqlite => format!("((julianday({t}) - 2440587.5) * 86400.0)"),
+    };
+    let last_unkeyed = format!("(SELECT MAX(sent_at) FROM {table} WHERE ordering_key IS NULL)");
+    let sql = format!(
+        "SELECT {} - {}, COUNT(CASE WHEN ordering_key IS NOT NULL AND sent_at <= {last_unkeyed} THEN 1 END) FROM {table}",
+        epoch("MAX(sent_at)"),
+        epoch(&last_unkeyed),
+    );
+    let store = SqlStore::connect(url, table, 1, Duration::from_secs(5)).await?;
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .fetch_one(store.pool())
+        .await;
+    store.pool().close().await;
+    let row = row.context("the mixed table's send times")?;
+    Ok((row.try_get::<f64, _>(0)?, row.try_get::<i64, _>(1)?))
+}
