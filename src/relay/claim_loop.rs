@@ -16,6 +16,7 @@ use super::{
     TOP_UP_POLL, TOP_UP_WAIT, budget, claim_grace, idle_wait, lease_changed, lease_moved,
     shutdown_budget,
 };
+use crate::BoxFuture;
 use crate::config::Mode;
 use crate::lease::{LeaseState, drift};
 use crate::sink::MovingAverage;
@@ -407,8 +408,12 @@ impl ClaimLoop {
         }
         for run in runs {
             let dispatcher = self.dispatcher.clone();
-            self.deliveries
-                .spawn(async move { dispatcher.deliver_run(run).await });
+            // Boxed: the delivery's future is large (the waits, the send, its timers), and
+            // the task would move it whole several times (spawned, polled, finished); boxed,
+            // the task moves a pointer.
+            let delivery: BoxFuture<'static, ()> =
+                Box::pin(async move { dispatcher.deliver_run(run).await });
+            self.deliveries.spawn(delivery);
         }
     }
 

@@ -95,11 +95,15 @@ impl WebhookSink {
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
         }
-        // Both from the idempotency key (a number: always valid header values).
-        let (Ok(webhook_id), Ok(idempotency_key)) = (
-            HeaderValue::from_str(&id),
-            HeaderValue::try_from(format!("\"{id}\"")),
-        ) else {
+        // Both from the idempotency key, formatted once (a number: always valid header
+        // values; the quoted form is built beside it rather than through `format!`).
+        let mut quoted = String::with_capacity(id.len() + 2);
+        quoted.push('"');
+        quoted.push_str(&id);
+        quoted.push('"');
+        let (Ok(webhook_id), Ok(idempotency_key)) =
+            (HeaderValue::from_str(&id), HeaderValue::try_from(quoted))
+        else {
             return Outcome::Permanent {
                 reason: "the row's idempotency key is not a valid header value".into(),
             };
