@@ -327,8 +327,11 @@ impl Cursors {
                 (r.delivery.channel.clone(), r.ordering_key.clone()),
             );
         }
+        // Only the freeing this claim read is used up: a row of the key that finished while
+        // the claim ran freed it again, and that freeing must stay (it may be the key's last
+        // row in flight; lost, the key would wait for the next full walk).
         for (key, fate) in &choice.keys {
-            if *fate == KeyFate::Done {
+            if *fate == KeyFate::Done && s.freed.get(&key.key) == Some(&key.row) {
                 s.freed.remove(&key.key);
             }
         }
@@ -398,5 +401,100 @@ impl Cursors {
         // The state is only ever updated whole under the lock; a panic elsewhere cannot leave
         // it half-written, so a poisoned lock is still good.
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::sink::Delivery;
+    use crate::store::model::{Budgets, ClaimedRow, Resolution};
+
+    fn request() -> ClaimRequest {
+        ClaimRequest {
+            limit: 10,
+            ttl: Duration::from_secs(30),
+            claimer: "test".into(),
+            token: Arc::from("t"),
+            fence: None,
+            alone: true,
+            exclude_channels: Vec::new(),
+            max_payload_bytes: None,
+            newest: false,
+            budgets: Some(Budgets {
+                channels: vec![("hook".into(), 10)],
+                others: None,
+            }),
+            trace: false,
+        }
+    }
+
+    fn row(id: i64) -> ClaimedRow {
+        ClaimedRow {
+            delivery: Delivery {
+                id,
+                channel: "hook".into(),
+                recipient: None,
+                payload: "{}".into(),
+                attempts: 0,
+                trace: None,
+            },
+            ordering_key: Some("k".into()),
+            age_at_claim: Duration::ZERO,
+            undeliverable: None,
+        }
+    }
+
+    fn delivered(id: i64) -> Completion {
+        Completion {
+            id,
+            token: Arc::from("t"),
+            resolution: Resolution::Delivered,
+        }
+    }
+
+    /// The freed keys the next claim of `c` reads.
+    fn keys_read(c: &Cursors) -> Vec<KeyRef> {
+        let parts = c.plan(&request()).parts;
+        parts
+            .into_iter()
+            .filter_map(|p| match p {
+                Part::Key { key, .. } => Some(key),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A key's run finishes while a claim that read the key (and found its next row still
+    /// behind the run) is running: the freeing by the run's last row outlives that claim, so
+    /// the next claim reads the key again rather than leaving it to the next full walk.
+    #[test]
+    fn a_key_freed_while_a_claim_ran_stays_freed() {
+        let c = Cursors::default();
+        c.claimed(&Choice::default(), &[row(1), row(2)], true);
+        c.completed(&[delivered(1)]);
+        let read = keys_read(&c);
+        assert_eq!(read.len(), 1);
+        // Meanwhile the run's last row finishes, then the claim ends: the key's head was
+        // still behind row 2, so the claim took nothing of it.
+        c.completed(&[delivered(2)]);
+        let choice = Choice {
+            keys: vec![(read[0].clone(), KeyFate::Done)],
+            ..Choice::default()
+        };
+        c.claimed(&choice, &[], true);
+        let again = keys_read(&c);
+        assert_eq!(again.len(), 1, "the key is read again: {again:?}");
+        assert_eq!(again[0].row, 2);
+        // Used up by a claim that read this freeing, it is gone.
+        let choice = Choice {
+            keys: vec![(again[0].clone(), KeyFate::Done)],
+            ..Choice::default()
+        };
+        c.claimed(&choice, &[], true);
+        assert!(keys_read(&c).is_empty());
     }
 }
