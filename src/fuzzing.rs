@@ -326,6 +326,7 @@ pub fn row_decode(data: &[u8]) {
         Err(_) => return,
     };
     let req = ClaimRequest {
+        tails: Vec::new(),
         trace: false,
         limit: 1,
         ttl: Duration::from_secs(60),

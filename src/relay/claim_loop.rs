@@ -11,6 +11,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use super::chains::{Chains, Place};
 use super::{
     BUDGET_HORIZON, Dispatcher, GATHER_SLOTS, Job, NEWEST_EVERY, OTHERS_EVERY, Recorder, Relay,
     TOP_UP_POLL, TOP_UP_WAIT, budget, claim_grace, idle_wait, lease_changed, lease_moved,
@@ -60,6 +61,8 @@ pub(super) struct ClaimLoop {
     probe_next: bool,
     /// How long claims take: with each sink's send time it sizes the rows claimed ahead.
     claim_time: MovingAverage,
+    /// Per ordering key, the last run handed out: the next goes behind it.
+    chains: Chains,
 }
 
 impl ClaimLoop {
@@ -99,6 +102,7 @@ impl ClaimLoop {
             topping_up_since: None,
             probe_next: false,
             claim_time: MovingAverage::default(),
+            chains: Chains::default(),
         }
     }
 
@@ -254,6 +258,7 @@ impl ClaimLoop {
             max_payload_bytes: Some(self.relay.sinks.max_payload_bytes() as u64),
             newest,
             budgets: Some(budgets.clone()),
+            tails: self.chains.tails(),
         }
     }
 
@@ -407,14 +412,23 @@ impl ClaimLoop {
             }
         }
         for run in runs {
+            let place = self.chain(&run);
             let dispatcher = self.dispatcher.clone();
             // Boxed: the delivery's future is large (the waits, the send, its timers), and
             // the task would move it whole several times (spawned, polled, finished); boxed,
             // the task moves a pointer.
             let delivery: BoxFuture<'static, ()> =
-                Box::pin(async move { dispatcher.deliver_run(run).await });
+                Box::pin(async move { dispatcher.deliver_run(run, place).await });
             self.deliveries.spawn(delivery);
         }
+    }
+
+    /// A keyed run goes at the end of its key's chain, behind the key's rows still in flight
+    /// (docs/design.md, "Ordering keys: chains").
+    fn chain(&mut self, run: &[Job]) -> Option<Place> {
+        let last = run.last()?;
+        let key = last.row.ordering_key.clone()?;
+        Some(self.chains.join(key, last.row.delivery.id, run.len()))
     }
 
     /// 5. After a claim that left every budget short: waits a poll interval or a wake-up.
@@ -457,7 +471,9 @@ impl ClaimLoop {
         let relay = &self.relay;
         let free = self.slots.available_permits();
         let busy = (relay.settings.max_in_flight as usize).saturating_sub(free);
-        if busy < 2 || relay.arrivals.pending() {
+        // Keys with rows in flight are read from behind them, whatever the other keys do:
+        // waiting would only hold their next rows back.
+        if busy < 2 || relay.arrivals.pending() || self.chains.any_running() {
             return;
         }
         let Ok(all) = u32::try_from(free + busy) else {

@@ -18,6 +18,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::chains::Place;
 use super::recorder::RecorderHandle;
 use super::retry;
 use crate::lease::LeaseState;
@@ -62,16 +63,26 @@ impl Dispatcher {
     /// Delivers the rows of one ordering key claimed together (a run, in id order), one after
     /// another: a row is sent only once the one before it was delivered; after any other
     /// result the rest go back unsent, no attempt counted (docs/design.md, "Sending"). A row
-    /// of no key, or the only one of its key, is a run of one.
-    pub async fn deliver_run(&self, jobs: Vec<Job>) {
-        let mut jobs = jobs.into_iter();
-        while let Some(job) = jobs.next() {
-            if !self.deliver(job).await {
-                for rest in jobs {
-                    self.hold_back(rest);
-                }
-                return;
+    /// of no key, or the only one of its key, is a run of one. A run in its key's chain
+    /// (`place`) first waits for the run before it, and goes back unsent if that one was not
+    /// delivered whole.
+    pub async fn deliver_run(&self, jobs: Vec<Job>, mut place: Option<Place>) {
+        let mut delivered = match place.as_mut() {
+            Some(p) => p.may_send().await,
+            None => true,
+        };
+        for job in jobs {
+            if let Some(p) = &place {
+                p.row_left();
             }
+            if delivered {
+                delivered = self.deliver(job).await;
+            } else {
+                self.hold_back(job);
+            }
+        }
+        if let Some(p) = place {
+            p.end(delivered);
         }
     }
 

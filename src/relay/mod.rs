@@ -18,6 +18,7 @@
 //! false) and never crashes it.
 
 mod budget;
+mod chains;
 mod claim_loop;
 mod dispatch;
 mod recorder;

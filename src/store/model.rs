@@ -55,10 +55,24 @@ pub struct ClaimRequest {
     /// `Some`: at most each listed channel's budget (`limit` and `exclude_channels` are then
     /// ignored), so that the claim asks only for what each sink can start now.
     pub budgets: Option<Budgets>,
+    /// The ordering keys whose rows this relay has in flight, each with the last of them
+    /// (its *tail*): the claim may take a key's rows right behind its tail, which the relay
+    /// sends only once every row of the key before them was delivered (docs/design.md,
+    /// "Ordering keys: chains"). Empty: only heads and runs behind them.
+    pub tails: Vec<Tail>,
     /// Also return each row's trace context (its `traceparent`/`tracestate` columns, where
     /// the table has them) into [`sink::Delivery::trace`](crate::sink::Delivery): asked
     /// for only with tracing on, so that otherwise a claim reads what it always read.
     pub trace: bool,
+}
+
+/// An ordering key with rows in flight at this relay, and the last of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tail {
+    /// The key as text.
+    pub key: String,
+    /// Its last row in flight here.
+    pub row: i64,
 }
 
 impl ClaimRequest {

@@ -4,9 +4,11 @@
 //! on one SQLite table. The store's claim decides what is claimable; the rule's model, the
 //! one the relay's own tests run on (`outbox_relay::store::rule`), says what the rule allows
 //! (docs/design.md, "What is claimable": due, under no live claim, and every earlier
-//! unfinished row of its ordering key taken by the same claim). The claimers finish
-//! a claim's rows of one key as the relay sends them: one after another, and the rest given
-//! back when one is not delivered. Checked after every step:
+//! unfinished row of its ordering key taken by the same claim, or the nearest one not taken a
+//! tail the claimer offered and holds: "Ordering keys: chains"). Claims offer the claimer's
+//! tails half the time. The claimers finish the rows of a key they hold as the relay sends
+//! them: one after another in the order claimed, and the rest given back when one is not
+//! delivered. Checked after every step:
 //!
 //! - a claim returns only rows the model calls claimable, at most the channel's budget, so no
 //!   row of a key is sent while an earlier row of that key is unfinished outside its claim;
@@ -24,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use outbox_relay::store::rule::{RuleRow, RuleTable};
 use outbox_relay::store::{
-    Budgets, ClaimRequest, ClaimedRow, Completion, Queue, Resolution, SqlStore, State,
+    Budgets, ClaimRequest, ClaimedRow, Completion, Queue, Resolution, SqlStore, State, Tail,
 };
 use proptest::prelude::*;
 
@@ -43,6 +45,9 @@ enum Step {
         claimer: usize,
         budget: u32,
         newest: bool,
+        /// The claimer offers its keys' tails (the last row of each key it holds), as the
+        /// relay offers its chains.
+        chain: bool,
     },
     /// The claimer finishes one of the rows it holds (`pick` modulo how many it holds).
     Complete {
@@ -69,8 +74,8 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (0..CHANNELS.len(), prop::option::weighted(0.8, 0..KEYS.len()))
             .prop_map(|(channel, key)| Step::Insert { channel, key }),
-        4 => (0usize..3, 1u32..=4, any::<bool>())
-            .prop_map(|(claimer, budget, newest)| Step::Claim { claimer, budget, newest }),
+        4 => (0usize..3, 1u32..=4, any::<bool>(), any::<bool>())
+            .prop_map(|(claimer, budget, newest, chain)| Step::Claim { claimer, budget, newest, chain }),
         4 => (0usize..3, any::<usize>(), prop_oneof![
                 Just(How::Success), Just(How::Retry), Just(How::Fail), Just(How::GiveBack)
             ])
@@ -106,13 +111,14 @@ impl Model {
     }
 }
 
-fn request(budget: u32, newest: bool) -> ClaimRequest {
+fn request(claimer: usize, budget: u32, newest: bool, tails: Vec<Tail>) -> ClaimRequest {
     ClaimRequest {
+        tails,
         trace: false,
         limit: budget * CHANNELS.len() as u32,
         // Long: claims run out only when a step expires them.
         ttl: Duration::from_secs(600),
-        claimer: "props".into(),
+        claimer: format!("props{claimer}"),
         token: outbox_relay::random_token().into(),
         fence: None,
         alone: false,
@@ -143,12 +149,14 @@ fn resolution(how: How) -> Resolution {
     }
 }
 
-/// Checks one claim's rows against the model and records the claim.
+/// Checks one claim's rows against the model and records the claim. `held` says whether a
+/// token is one of the claimer's.
 fn check_claim(
     model: &mut Model,
     req: &ClaimRequest,
     budget: u32,
     got: &[ClaimedRow],
+    held: &dyn Fn(&str) -> bool,
 ) -> Result<(), TestCaseError> {
     for c in CHANNELS {
         let n = got.iter().filter(|r| r.delivery.channel == c).count();
@@ -158,8 +166,9 @@ fn check_claim(
     let now = Instant::now();
     for r in got {
         let id = r.delivery.id;
+        let tails: Vec<i64> = req.tails.iter().map(|t| t.row).collect();
         prop_assert!(
-            model.table.claimable(id, &with, now),
+            model.table.claimable_behind(id, &with, &tails, held, now),
             "row {id} claimed but not claimable: {:?}; rows {:?}",
             model.table.rows.get(&id),
             model.table.rows
@@ -175,31 +184,44 @@ fn check_claim(
     Ok(())
 }
 
-/// The row held at `i`, or the first row held under the same claim of its ordering key if an
-/// earlier one is still held (the relay sends a run in id order).
-fn first_of_its_run(model: &Model, held: &[(i64, Arc<str>)], i: usize) -> (i64, Arc<str>) {
+/// The row held at `i`, or, for a keyed row, the first row of its key the claimer holds: the
+/// relay sends a key's rows in the order it claimed them (a run in id order, the runs of a
+/// chain one after another).
+fn first_of_its_chain(model: &Model, held: &[(i64, Arc<str>)], i: usize) -> (i64, Arc<str>) {
     let (id, token) = held[i].clone();
-    let key = model.key(id);
-    let first = held
-        .iter()
-        .filter(|(h, t)| *t == token && key.is_some() && model.key(*h) == key)
-        .map(|(h, _)| *h)
-        .min()
-        .unwrap_or(id);
-    (first.min(id), token)
+    match model.key(id) {
+        Some(key) => held
+            .iter()
+            .find(|(h, _)| model.key(*h) == Some(key))
+            .cloned()
+            .unwrap_or((id, token)),
+        None => (id, token),
+    }
 }
 
-/// The rows held under `token` behind `id` in its ordering key.
-fn rest_of_run<'a>(
-    model: &'a Model,
-    held: &'a [(i64, Arc<str>)],
-    id: i64,
-    token: &'a Arc<str>,
-) -> impl Iterator<Item = i64> + 'a {
-    let key = model.key(id);
+/// The other rows of `id`'s key the claimer holds: they go back unsent when `id` is not
+/// delivered.
+fn rest_of_chain(model: &Model, held: &[(i64, Arc<str>)], id: i64) -> Vec<(i64, Arc<str>)> {
+    let Some(key) = model.key(id) else {
+        return Vec::new();
+    };
     held.iter()
-        .filter(move |(h, t)| t == token && *h > id && key.is_some() && model.key(*h) == key)
-        .map(|(h, _)| *h)
+        .filter(|(h, _)| *h != id && model.key(*h) == Some(key))
+        .cloned()
+        .collect()
+}
+
+/// The tails a claimer offers: per key, the last row of it that it holds.
+fn tails(model: &Model, held: &[(i64, Arc<str>)]) -> Vec<Tail> {
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for (id, _) in held {
+        if let Some(key) = model.key(*id) {
+            last.insert(key.to_string(), *id);
+        }
+    }
+    last.into_iter()
+        .map(|(key, row)| Tail { key, row })
+        .collect()
 }
 
 /// Applies a written result to the model; returns whether the store should have written it.
@@ -265,11 +287,18 @@ impl Run {
                 claimer,
                 budget,
                 newest,
+                chain,
             } => {
                 let c = claimer % claimers;
-                let req = request(budget, newest);
+                let offered = match chain {
+                    true => tails(&self.model, &self.held[c]),
+                    false => Vec::new(),
+                };
+                let req = request(c, budget, newest, offered);
                 let got = self.stores[c].claim(&req).await.map_err(failed("claim"))?;
-                check_claim(&mut self.model, &req, budget, &got)?;
+                let held = &self.held[c];
+                let ours = |t: &str| held.iter().any(|(_, h)| &**h == t);
+                check_claim(&mut self.model, &req, budget, &got, &ours)?;
                 let token = &req.token;
                 self.held[c].extend(got.iter().map(|r| (r.delivery.id, token.clone())));
             }
@@ -287,19 +316,19 @@ impl Run {
         if self.held[c].is_empty() {
             return Ok(());
         }
-        let (id, token) = first_of_its_run(&self.model, &self.held[c], pick % self.held[c].len());
+        let (id, token) = first_of_its_chain(&self.model, &self.held[c], pick % self.held[c].len());
         // A claim that ran out sends nothing more (G4): its rows go back unsent.
         let how = if self.model.live(id, &token) {
             how
         } else {
             How::GiveBack
         };
-        let mut finish = vec![(id, how)];
+        let mut finish = vec![(id, token, how)];
         if !matches!(how, How::Success) {
-            let rest = rest_of_run(&self.model, &self.held[c], id, &token);
-            finish.extend(rest.map(|r| (r, How::GiveBack)));
+            let rest = rest_of_chain(&self.model, &self.held[c], id);
+            finish.extend(rest.into_iter().map(|(r, t)| (r, t, How::GiveBack)));
         }
-        for (id, how) in finish {
+        for (id, token, how) in finish {
             self.held[c].retain(|(h, t)| !(*h == id && *t == token));
             self.write(c, id, &token, how).await?;
         }
@@ -353,20 +382,19 @@ impl Run {
             .await;
     }
 
-    /// Quiet now: the claimers finish what they hold, in held order (each claim's id order).
-    /// A row whose claim ran out is given back unsent (G4), and so are the rows behind it in
-    /// its claim's run.
+    /// Quiet now: the claimers finish what they hold, in held order (the order each key's
+    /// rows were claimed). A row whose claim ran out is given back unsent (G4), and so are the
+    /// rows of its key held behind it.
     async fn finish_held(&mut self) -> Result<(), TestCaseError> {
         for c in 0..self.held.len() {
-            let mut broken: Vec<(Arc<str>, String)> = Vec::new();
+            let mut broken: Vec<String> = Vec::new();
             for (id, token) in std::mem::take(&mut self.held[c]) {
                 let key = self.model.key(id).map(str::to_string);
                 let expired = !self.model.live(id, &token);
-                let behind =
-                    (key.as_ref()).is_some_and(|k| broken.contains(&(token.clone(), k.clone())));
+                let behind = key.as_ref().is_some_and(|k| broken.contains(k));
                 let how = if expired || behind {
                     if let Some(k) = key {
-                        broken.push((token.clone(), k));
+                        broken.push(k);
                     }
                     How::GiveBack
                 } else {
@@ -389,10 +417,10 @@ impl Run {
                 self.model.unfinished()
             );
             let mut any = false;
-            for s in &self.stores {
-                let req = request(4, false);
+            for (c, s) in self.stores.iter().enumerate() {
+                let req = request(c, 4, false, Vec::new());
                 let got = s.claim(&req).await.map_err(failed("claim"))?;
-                check_claim(&mut self.model, &req, 4, &got)?;
+                check_claim(&mut self.model, &req, 4, &got, &|_| false)?;
                 any |= !got.is_empty();
                 let done: Vec<Completion> = (got.iter())
                     .map(|r| completion(r.delivery.id, &req.token))

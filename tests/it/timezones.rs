@@ -38,6 +38,7 @@ async fn app_insert(url: &str, table: &str, zone: Option<&str>, explicit_now: bo
 
 fn claim_all() -> ClaimRequest {
     ClaimRequest {
+        tails: Vec::new(),
         trace: false,
         limit: 100,
         ttl: Duration::from_secs(30),

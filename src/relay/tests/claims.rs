@@ -232,3 +232,45 @@ async fn a_keys_run_is_sent_one_row_after_another_and_given_back_behind_a_failur
     });
     assert_eq!(released.count(), 2, "rows 3 and 4 given back: {results:?}");
 }
+
+#[tokio::test]
+async fn a_keys_chain_is_claimed_behind_its_rows_in_flight_and_kept_in_order() {
+    let queue = MemQueue::with_rows(&[]);
+    let t0 = Instant::now();
+    for id in 1..=48 {
+        queue.put_keyed(id, Some("k"), State::Pending, t0);
+    }
+    let a = TimedSink::new(Duration::from_millis(5));
+    a.refuse_once.lock().expect("refuse").push(20);
+    // Claims of 4 rows at most: the key's 48 rows take many claims, each made while the
+    // key's earlier rows are still being sent.
+    let (relay, stop) = relay(&queue, vec![("a", &a, 8)], settings(64, 4), None);
+    let q = queue.clone();
+    run_until(relay, stop, move || q.count(State::Success) == 48).await;
+    let order: Vec<i64> = a.sent().iter().map(|(id, _)| *id).collect();
+    let mut want: Vec<i64> = (1..=20).collect();
+    want.extend(20..=48);
+    assert_eq!(
+        order, want,
+        "the key's rows in id order, row 20 again after its retry"
+    );
+    let chained = queue
+        .claims()
+        .iter()
+        .filter(|c| c.got > 0 && c.outstanding > 0)
+        .count();
+    assert!(
+        chained >= 4,
+        "claims took the key's rows while earlier ones were in flight: {:?}",
+        queue.claims()
+    );
+    let results = queue.results();
+    let released: Vec<i64> = (results.iter())
+        .filter(|(_, c)| matches!(c.resolution, Resolution::Release { .. }))
+        .map(|(_, c)| c.id)
+        .collect();
+    assert!(
+        !released.is_empty() && released.iter().all(|id| *id > 20),
+        "rows claimed behind row 20 went back unsent when it was refused: {released:?}"
+    );
+}

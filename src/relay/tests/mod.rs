@@ -118,7 +118,9 @@ impl Queue for MemQueue {
             let mut rows = self.rows.lock().expect("rows");
             let outstanding = rows.rows.values().filter(|r| r.live).count();
             let shares = Shares::of(req.budgets.as_ref(), req.limit);
-            let taken = rows.claim(&req.token, now, shares);
+            // One relay claims here: every live claim is its own.
+            let tails: Vec<i64> = req.tails.iter().map(|t| t.row).collect();
+            let taken = rows.claim(&req.token, now, shares, &tails, &|_| true);
             let claimed: Vec<ClaimedRow> = taken
                 .iter()
                 .filter_map(|id| Some((*id, rows.rows.get(id)?)))

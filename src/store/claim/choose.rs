@@ -5,7 +5,9 @@
 //! first row of a key, there is none: it is the head). So a claim takes, per ordering key, a
 //! *run*: the head and the rows right behind it, in id order, up to the run length and while
 //! each is due and unclaimed; the relay sends a run's rows one after another, each only once
-//! the one before it was accepted. Each channel's rows count against its budget: the rows of
+//! the one before it was accepted. A key read from behind its tail (a key part with `after`)
+//! is taken the same way: its first row read is right behind the key's rows in flight, and the
+//! database checks that the tail is still held (docs/design.md, "Ordering keys: chains"). Each channel's rows count against its budget: the rows of
 //! freed keys first (they are the oldest of their keys), then the oldest window, then the
 //! newest window's share.
 //!
@@ -419,6 +421,7 @@ mod tests {
             &[(
                 Part::Key {
                     key: key.clone(),
+                    after: None,
                     rows: 8,
                 },
                 rows,
@@ -441,6 +444,7 @@ mod tests {
             (
                 Part::Key {
                     key: k("busy"),
+                    after: None,
                     rows: 4,
                 },
                 vec![row(2, Some("busy"), false, true)],
@@ -448,6 +452,7 @@ mod tests {
             (
                 Part::Key {
                     key: k("late"),
+                    after: None,
                     rows: 4,
                 },
                 vec![row(3, Some("late"), true, true)],

@@ -28,7 +28,7 @@
 //!
 //! The state is per store, and so per relay loop: in claim mode each instance keeps its own.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -225,18 +225,7 @@ impl State {
             }
         }
         if req.budgets.is_some() {
-            parts.extend(
-                self.freed
-                    .iter()
-                    .take(KEYS_PER_CLAIM)
-                    .map(|(key, row)| Part::Key {
-                        key: KeyRef {
-                            key: key.clone(),
-                            row: *row,
-                        },
-                        rows: RUN,
-                    }),
-            );
+            parts.extend(key_parts(req, &self.freed));
         }
         match &req.budgets {
             Some(b) => {
@@ -248,6 +237,43 @@ impl State {
         }
         parts
     }
+}
+
+/// The parts that read ordering keys, at most [`KEYS_PER_CLAIM`]: first the keys with rows in
+/// flight at the relay, from behind their tails ([`ClaimRequest::tails`]), each read for a
+/// fair share of the budget (a claim takes them breadth first); then the freed keys without
+/// rows in flight, from their first unfinished row, for a whole run.
+fn key_parts(req: &ClaimRequest, freed: &BTreeMap<String, i64>) -> Vec<Part> {
+    let tails = &req.tails[..req.tails.len().min(KEYS_PER_CLAIM)];
+    let total = req.budgets.as_ref().map_or(req.limit, |b| b.total());
+    let share = (total / u32::try_from(tails.len()).unwrap_or(u32::MAX).max(1)).saturating_mul(2);
+    let mut parts: Vec<Part> = tails
+        .iter()
+        .map(|t| Part::Key {
+            key: KeyRef {
+                key: t.key.clone(),
+                row: t.row,
+            },
+            after: Some(t.row),
+            rows: share.clamp(2, RUN),
+        })
+        .collect();
+    let chained: HashSet<&str> = tails.iter().map(|t| t.key.as_str()).collect();
+    parts.extend(
+        freed
+            .iter()
+            .filter(|(key, _)| !chained.contains(key.as_str()))
+            .take(KEYS_PER_CLAIM - tails.len())
+            .map(|(key, row)| Part::Key {
+                key: KeyRef {
+                    key: key.clone(),
+                    row: *row,
+                },
+                after: None,
+                rows: RUN,
+            }),
+    );
+    parts
 }
 
 impl Cursors {
@@ -415,6 +441,7 @@ mod tests {
 
     fn request() -> ClaimRequest {
         ClaimRequest {
+            tails: Vec::new(),
             limit: 10,
             ttl: Duration::from_secs(30),
             claimer: "test".into(),

@@ -2,8 +2,9 @@
 //!
 //! 1. a plain read of the plan's parts (`plan.rs`, `read.rs`): per channel a window of its
 //!    oldest unfinished rows above the floor (and some claims one of its newest), per
-//!    ordering key this store just freed the key's first unfinished rows, and the rows of
-//!    channels no sink serves; each bounded, each through an index of unfinished rows;
+//!    ordering key this store just freed the key's first unfinished rows, per key the relay
+//!    has rows in flight the rows behind its tail, and the rows of channels no sink serves;
+//!    each bounded, each through an index of unfinished rows;
 //! 2. the claim of the rows chosen from it (`choose.rs`), by id, rechecked by the database
 //!    (each database's [`ClaimSql::claim_ids`]).
 //!
@@ -12,7 +13,9 @@
 //!
 //! Guarantees (G1, G2): a claim takes only unfinished rows that are due and not under a live
 //! claim, and a row of an ordering key only when every earlier unfinished row of its key is
-//! taken by the same claim (a *run*: the head and the rows right behind it), in id order;
+//! taken by the same claim (a *run*: the head and the rows right behind it), in id order, or
+//! the nearest one not taken is a tail the request offers and its claimer holds under a live
+//! claim (a *chain*, docs/design.md "Ordering keys: chains");
 //! with a fence, only while the lease epoch is still the claimer's; at most each channel's
 //! budget. The database rechecks all of it in the claim statement, so what the read saw can
 //! only make a claim take fewer rows, never a row it may not take. A claim's cost does not
@@ -75,18 +78,18 @@ pub trait ClaimSql: Send + Sync {
     }
 
     /// The `FROM ... LIMIT` that reads the first `rows` unfinished rows `o` of `key`'s
-    /// ordering key, in id order, through the index of unfinished rows by key. It may return
-    /// rows of another key after the key's own (they are left out). By default a plain
-    /// equality with the key's text.
-    fn key_rows(&self, db: &Db, key: &KeyRef, rows: u32) -> Sql {
+    /// ordering key (those above `after`, when given), in id order, through the index of
+    /// unfinished rows by key. It may return rows of another key after the key's own (they
+    /// are left out). By default a plain equality with the key's text.
+    fn key_rows(&self, db: &Db, key: &KeyRef, after: Option<i64>, rows: u32) -> Sql {
         let c = db.cols();
         let k = c.ordering_key.as_deref().unwrap_or("NULL");
         let mut q = Sql::new(&format!(" FROM {} o WHERE o.{k} = ", db.table()));
-        q.text(&key.key).push(&format!(
-            " AND {} ORDER BY o.{} LIMIT {rows}",
-            c.open("o."),
-            c.id
-        ));
+        q.text(&key.key).push(&format!(" AND {}", c.open("o.")));
+        if let Some(after) = after {
+            q.push(&format!(" AND o.{} > ", c.id)).int(after);
+        }
+        q.push(&format!(" ORDER BY o.{} LIMIT {rows}", c.id));
         q
     }
 
@@ -143,7 +146,14 @@ pub trait ClaimSql: Send + Sync {
         format!("{} IS NULL", self.earlier(db, a))
     }
 
-    /// Claims those of `ids` that are still claimable for `req` ([`claimable_among`]; with a
+    /// Appends the condition that `e` is one of `ids` (integers of the relay's own). By
+    /// default the list inline.
+    fn one_of(&self, q: &mut Sql, e: &str, ids: &[i64]) {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        q.push(&format!("{e} IN ({})", list.join(", ")));
+    }
+
+    /// Claims those of `ids` that are still claimable for `req` ([`claimable_for`]; with a
     /// fence, only while it holds), returning the claimed rows' select list
     /// ([`returned::select_list`]), in no order.
     fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a>;
@@ -193,6 +203,36 @@ pub fn claimable_among(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> Str
         None => String::new(),
     };
     format!("{}{keyed}", free_and_open(db))
+}
+
+/// [`claimable_among`] for `req`, which may also take a keyed row right behind one of its
+/// tails ([`ClaimRequest::tails`]) while this claimer holds that tail under a live claim: the
+/// relay sends such a row only once its tail was delivered (docs/design.md, "Ordering keys:
+/// chains").
+pub fn claimable_for(
+    db: &Db,
+    sql: &dyn ClaimSql,
+    in_ids: &dyn Fn(&str) -> String,
+    req: &ClaimRequest,
+) -> Sql {
+    let c = db.cols();
+    let (Some(k), false) = (&c.ordering_key, req.tails.is_empty()) else {
+        return Sql::new(&claimable_among(db, sql, in_ids));
+    };
+    let (t, id) = (db.table(), &c.id);
+    let earlier = sql.earlier(db, "o.");
+    let mut q = Sql::new(&format!(
+        "{} AND (o.{k} IS NULL OR {} OR {} OR {earlier} IN (SELECT h.{id} FROM {t} h WHERE ",
+        free_and_open(db),
+        sql.head(db, "o."),
+        in_ids(&earlier),
+    ));
+    let tails: Vec<i64> = req.tails.iter().map(|t| t.row).collect();
+    sql.one_of(&mut q, &format!("h.{id}"), &tails);
+    q.push(" AND h.claimed_by = ")
+        .text(&req.claimer)
+        .push(&format!(" AND h.claimed_until > {}))", db.syntax().now()));
+    q
 }
 
 /// The condition that row `o` is unfinished, due and under no live claim (whatever its

@@ -68,8 +68,14 @@ pub enum Part {
         /// The part is a full walk's (it starts where the last full walk stopped).
         sweep: bool,
     },
-    /// Up to `rows` first unfinished rows of an ordering key, in id order.
-    Key { key: KeyRef, rows: u32 },
+    /// Up to `rows` first unfinished rows of an ordering key, in id order; with `after`,
+    /// those above it (the key's tail in flight at this relay: the rows that may go right
+    /// behind it).
+    Key {
+        key: KeyRef,
+        after: Option<i64>,
+        rows: u32,
+    },
     /// Up to `rows` claimable rows of the channels strictly between `above` and `below`
     /// (unbounded where `None`), oldest first within a channel: the gaps between the channels
     /// the sinks serve hold the rows of channels no sink serves (and, for a request without

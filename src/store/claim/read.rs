@@ -75,7 +75,7 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
                 },
             )
         }
-        Part::Key { key, rows } => sql.key_rows(db, key, *rows),
+        Part::Key { key, after, rows } => sql.key_rows(db, key, *after, *rows),
         Part::Others {
             above,
             below,

@@ -1,7 +1,8 @@
 //! The claim rule (G1, G2; docs/design.md, "What is claimable") stated once, over rows in
 //! memory: a row may be claimed when it is unfinished, due, under no live claim, and every
-//! earlier unfinished row of its ordering key is taken by the same claim; a result is written
-//! only under the token of the row's last claim.
+//! earlier unfinished row of its ordering key is taken by the same claim, or the nearest of
+//! them not taken is a tail the claimer offered and holds under a live claim; a result is
+//! written only under the token of the row's last claim.
 //!
 //! The relay never runs this. It is the model the tests share: the relay loop's unit tests
 //! run on a queue made of it, and tests/it/claim_rule.rs checks every database's claim
@@ -73,29 +74,54 @@ impl<T: Ord + Copy + Add<Duration, Output = T>> RuleTable<T> {
 
     /// Whether row `id` may be taken at `now` by a claim of the rows `with`.
     pub fn claimable(&self, id: i64, with: &[i64], now: T) -> bool {
+        self.claimable_behind(id, with, &[], &|_| false, now)
+    }
+
+    /// Whether row `id` may be taken at `now` by a claim of the rows `with` whose claimer
+    /// offers `tails` (docs/design.md, "Ordering keys: chains") and holds the claims whose
+    /// tokens `held` says: walking back over the earlier unfinished rows of its key, each is
+    /// in `with` until there is none, or one of `tails` held under a live claim.
+    pub fn claimable_behind(
+        &self,
+        id: i64,
+        with: &[i64],
+        tails: &[i64],
+        held: &dyn Fn(&str) -> bool,
+        now: T,
+    ) -> bool {
         let Some(r) = self.rows.get(&id) else {
             return false;
         };
-        r.open()
-            && r.due <= now
-            && !r.live
-            && !r.parked
-            && r.key.as_ref().is_none_or(|k| {
-                !self
-                    .rows
-                    .range(..id)
-                    .any(|(i, p)| p.key.as_ref() == Some(k) && p.open() && !with.contains(i))
-            })
+        let free = r.open() && r.due <= now && !r.live && !r.parked;
+        let Some(k) = r.key.as_ref().filter(|_| free) else {
+            return free;
+        };
+        let earlier = self.rows.range(..id).rev();
+        for (i, p) in earlier.filter(|(_, p)| p.key.as_ref() == Some(k) && p.open()) {
+            if with.contains(i) {
+                continue;
+            }
+            return tails.contains(i) && p.live && p.claim.as_deref().is_some_and(held);
+        }
+        true
     }
 
     /// A claim under `token` at `now` of the claimable rows, oldest first, as far as their
-    /// channels' `shares` go. The SQL claims take a subset of these rows (they read bounded
-    /// windows), never a row outside them.
-    pub fn claim(&mut self, token: &Arc<str>, now: T, mut shares: Shares) -> Vec<i64> {
+    /// channels' `shares` go, behind `tails` held under the tokens `held` says are the
+    /// claimer's (see [`RuleTable::claimable_behind`]). The SQL claims take a subset of these
+    /// rows (they read bounded windows), never a row outside them.
+    pub fn claim(
+        &mut self,
+        token: &Arc<str>,
+        now: T,
+        mut shares: Shares,
+        tails: &[i64],
+        held: &dyn Fn(&str) -> bool,
+    ) -> Vec<i64> {
         let mut taken = Vec::new();
         let ids: Vec<i64> = self.rows.keys().copied().collect();
         for id in ids {
-            if self.claimable(id, &taken, now)
+            if self.claimable_behind(id, &taken, tails, held, now)
                 && self.rows.get(&id).is_some_and(|r| shares.take(&r.channel))
             {
                 taken.push(id);

@@ -48,14 +48,17 @@ impl ClaimSql for MySql {
 
     /// `open_key` is a string column whatever the key column's type, so the key's text
     /// compares with it as it is.
-    fn key_rows(&self, db: &Db, key: &KeyRef, rows: u32) -> Sql {
+    fn key_rows(&self, db: &Db, key: &KeyRef, after: Option<i64>, rows: u32) -> Sql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
             " FROM {t} o FORCE INDEX ({}) WHERE o.{OPEN_KEY} = ",
             index(db, "open_key_idx")
         ));
-        q.text(&key.key)
-            .push(&format!(" ORDER BY o.{id} LIMIT {rows}"));
+        q.text(&key.key);
+        if let Some(after) = after {
+            q.push(&format!(" AND o.{id} > ")).int(after);
+        }
+        q.push(&format!(" ORDER BY o.{id} LIMIT {rows}"));
         q
     }
 
@@ -156,7 +159,7 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
     ));
     let mut rows = db.query(q).fetch_all(&mut *tx).await?;
     if !rows.is_empty() {
-        leave_rows_behind_their_key(db, &mut rows, &mut tx).await?;
+        leave_rows_behind_their_key(db, req, &mut rows, &mut tx).await?;
     }
     if !rows.is_empty() {
         mark_claimed(db, req, &rows, &mut tx).await?;
@@ -166,7 +169,7 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
 }
 
 /// Leaves out of `rows` each keyed row that has an earlier unfinished row of its key outside
-/// `rows`.
+/// `rows`, unless that row is a tail this claimer holds ([`tails_held`]).
 ///
 /// The ordering keys are checked here, after the lock, not in the locking read: a plain
 /// look for an earlier row of the same key inside the locking read reads the snapshot taken
@@ -180,6 +183,7 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
 /// claimed, their locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
 async fn leave_rows_behind_their_key(
     db: &Db,
+    req: &ClaimRequest,
     rows: &mut Vec<AnyRow>,
     tx: &mut Tx<'_>,
 ) -> anyhow::Result<()> {
@@ -200,13 +204,19 @@ async fn leave_rows_behind_their_key(
         check.push("SELECT ").int(*row).push(", ");
         earlier_of(db, &mut check, *row);
     }
-    let mut blocked = HashSet::new();
+    let mut behind = Vec::new();
     for r in db.query(check).fetch_all(&mut **tx).await? {
         let before: Option<i64> = r.try_get(1)?;
-        if before.is_some_and(|b| !held.contains(&b)) {
-            blocked.insert(r.try_get::<i64, _>(0)?);
+        if let Some(b) = before.filter(|b| !held.contains(b)) {
+            behind.push((r.try_get::<i64, _>(0)?, b));
         }
     }
+    let ours = tails_held(db, req, &behind, tx).await?;
+    let blocked: HashSet<i64> = behind
+        .iter()
+        .filter(|(_, b)| !ours.contains(b))
+        .map(|(row, _)| *row)
+        .collect();
     if !blocked.is_empty() {
         tracing::debug!(
             ?blocked,
@@ -218,6 +228,33 @@ async fn leave_rows_behind_their_key(
         });
     }
     Ok(())
+}
+
+/// Which of the earlier rows in `behind` (row, earlier row) are tails of `req`
+/// ([`ClaimRequest::tails`]) that this claimer holds under a live claim: the rows right behind
+/// them may be claimed (docs/design.md, "Ordering keys: chains").
+async fn tails_held(
+    db: &Db,
+    req: &ClaimRequest,
+    behind: &[(i64, i64)],
+    tx: &mut Tx<'_>,
+) -> anyhow::Result<HashSet<i64>> {
+    let tails: Vec<i64> = behind
+        .iter()
+        .map(|(_, b)| *b)
+        .filter(|b| req.tails.iter().any(|t| t.row == *b))
+        .collect();
+    if tails.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let id = &db.cols().id;
+    let mut q = Sql::new(&format!("SELECT {id} FROM {} WHERE {id} IN (", db.table()));
+    q.ints(tails.iter().copied())
+        .push(") AND claimed_by = ")
+        .text(&req.claimer)
+        .push(&format!(" AND claimed_until > {}", db.syntax().now()));
+    let rows = db.query(q).fetch_all(&mut **tx).await?;
+    Ok(ids_of(&rows).into_iter().collect())
 }
 
 /// The nearest earlier unfinished row of row `id`'s ordering key (NULL when it has none),

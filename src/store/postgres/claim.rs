@@ -23,7 +23,7 @@
 use super::Postgres;
 use crate::store::claim::plan::{ChannelRead, KeyRef};
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Rows, claimable_among, plain_channel_rows};
+use crate::store::claim::{ClaimSql, Rows, claimable_for, plain_channel_rows};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
@@ -60,17 +60,20 @@ impl ClaimSql for Postgres {
         q
     }
 
-    fn key_rows(&self, db: &Db, key: &KeyRef, rows: u32) -> Sql {
+    fn key_rows(&self, db: &Db, key: &KeyRef, after: Option<i64>, rows: u32) -> Sql {
         let (t, c) = (db.table(), db.cols());
         let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
         // The key is found through a row of it, so that it keeps the column's own type.
         let mut q = Sql::new(&format!(
             " FROM {t} o WHERE (o.{k}, o.{id}) > ((SELECT x.{k} FROM {t} x WHERE x.{id} = "
         ));
-        q.int(key.row).push("), ").int(i64::MIN).push(&format!(
-            ") AND o.{k} IS NOT NULL AND {} ORDER BY o.{k}, o.{id} LIMIT {rows}",
-            c.open("o.")
-        ));
+        q.int(key.row)
+            .push("), ")
+            .int(after.unwrap_or(i64::MIN))
+            .push(&format!(
+                ") AND o.{k} IS NOT NULL AND {} ORDER BY o.{k}, o.{id} LIMIT {rows}",
+                c.open("o.")
+            ));
         q
     }
 
@@ -85,6 +88,14 @@ impl ClaimSql for Postgres {
              ORDER BY p.{k} DESC, p.{id} DESC LIMIT 1)",
             c.open("p.")
         )
+    }
+
+    /// The ids as one text value: the statement's text stays the same for any number of them.
+    fn one_of(&self, q: &mut Sql, e: &str, ids: &[i64]) {
+        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+        q.push(&format!("{e} = ANY(CAST(string_to_array("))
+            .text(&list.join(","))
+            .push(", ',') AS bigint[]))");
     }
 
     fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
@@ -105,7 +116,7 @@ impl ClaimSql for Postgres {
                 None => "",
             };
             let chosen = "ANY(CAST((SELECT ids FROM chosen) AS bigint[]))";
-            let claimable = claimable_among(db, self, &|e| format!("{e} = {chosen}"));
+            let claimable = claimable_for(db, self, &|e| format!("{e} = {chosen}"), req);
             q.push(&format!(" UPDATE {t} u SET claimed_by = "))
                 .text(&req.claimer)
                 .push(", claim_token = ")
@@ -115,8 +126,11 @@ impl ClaimSql for Postgres {
                 // update (docs/design.md, "HOT claims").
                 .now_plus(db.syntax(), req.ttl)
                 .push(&format!(
-                    " WHERE u.{id} = ANY(ARRAY(SELECT o.{id} FROM {t} o WHERE o.{id} = {chosen} \
-                     AND {claimable}{fenced} FOR UPDATE OF o SKIP LOCKED)) RETURNING {}",
+                    " WHERE u.{id} = ANY(ARRAY(SELECT o.{id} FROM {t} o WHERE o.{id} = {chosen} AND "
+                ))
+                .append(claimable)
+                .push(&format!(
+                    "{fenced} FOR UPDATE OF o SKIP LOCKED)) RETURNING {}",
                     select_list(db, "u.", req)
                 ));
             Ok(db.query(q).fetch_all(db.pool()).await?)

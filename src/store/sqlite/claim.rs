@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::Sqlite;
 use crate::BoxFuture;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Rows, claimable_among};
+use crate::store::claim::{ClaimSql, Rows, claimable_for};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
@@ -38,7 +38,7 @@ impl ClaimSql for SqliteClaims {
                 .collect::<Vec<_>>()
                 .join(", ");
             // Integers from this claim's own choice, not user text: safe in the SQL.
-            let claimable = claimable_among(db, self, &|e| format!("{e} IN ({list})"));
+            let claimable = claimable_for(db, self, &|e| format!("{e} IN ({list})"), req);
             let mut q = Sql::new(&format!("UPDATE {t} SET claimed_by = "));
             q.text(&req.claimer)
                 .push(", claim_token = ")
@@ -46,8 +46,9 @@ impl ClaimSql for SqliteClaims {
                 .push(", claimed_until = ")
                 .now_plus(db.syntax(), req.ttl)
                 .push(&format!(
-                    " WHERE {id} IN (SELECT o.{id} FROM {t} o WHERE o.{id} IN ({list}) AND {claimable}"
-                ));
+                    " WHERE {id} IN (SELECT o.{id} FROM {t} o WHERE o.{id} IN ({list}) AND "
+                ))
+                .append(claimable);
             if let Some(f) = &req.fence {
                 q.push(" AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
                     .text(&f.lease)

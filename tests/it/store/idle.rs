@@ -104,6 +104,7 @@ impl Poller<'_> {
     /// other channels.
     fn poll(&self, epoch: i64) -> ClaimRequest {
         ClaimRequest {
+            tails: Vec::new(),
             trace: false,
             budgets: Some(Budgets {
                 channels: vec![("hook".into(), 8), ("log".into(), 8)],
@@ -299,6 +300,7 @@ async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claim
         rows.push(td.enqueue("hook", "{}", None).await);
     }
     let poll = || ClaimRequest {
+        tails: Vec::new(),
         trace: false,
         budgets: Some(Budgets {
             channels: vec![("hook".into(), 10)],

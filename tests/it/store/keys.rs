@@ -234,3 +234,67 @@ async fn a_hot_key_hides_no_row_behind_it(db: Db) {
     );
     td.drop_table().await;
 }
+
+per_db!(a_claim_extends_a_key_behind_its_tail_held_by_this_claimer);
+/// Chains (docs/design.md, "Ordering keys: chains"): while a key's rows are in flight, a claim
+/// that offers the last of them as the key's tail takes the rows right behind it; a claim
+/// offering a tail another claimer holds, or one given back, or a row with rows of the key in
+/// flight behind it, takes nothing of the key.
+async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
+    let Some(td) = TestDb::open(db, "st_chain").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let rows = enqueue_keyed(&td, 12, |_| "k".into()).await;
+    let tail = |row: i64| Tail {
+        key: "k".into(),
+        row,
+    };
+    let with_tails = |n: u32, claimer: &str, row: i64| ClaimRequest {
+        tails: vec![tail(row)],
+        ..hook_request(n, claimer)
+    };
+    let first = hook_request(4, "a");
+    let got = bounded("claim", store.claim(&first)).await;
+    assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
+
+    let other = with_tails(4, "b", rows[0]);
+    let got = bounded("claim", store.claim(&other)).await;
+    assert!(got.is_empty(), "b holds no row of the key: {:?}", ids(&got));
+
+    let second = with_tails(3, "a", rows[0]);
+    let got = bounded("claim", store.claim(&second)).await;
+    assert_eq!(
+        ids(&got),
+        rows[1..4].to_vec(),
+        "the rows right behind the tail"
+    );
+
+    let early = with_tails(3, "a", rows[0]);
+    let got = bounded("claim", store.claim(&early)).await;
+    assert!(
+        got.is_empty(),
+        "rows in flight behind the tail offered: {:?}",
+        ids(&got)
+    );
+
+    // The second claim's rows are given back: the last of them is no tail held any more.
+    let back: Vec<Completion> = (rows[1..4].iter())
+        .map(|id| {
+            let release = Resolution::Release {
+                delay: Duration::ZERO,
+                error: None,
+            };
+            completion(&second, *id, release)
+        })
+        .collect();
+    assert_eq!(complete(&*store, &back).await, 3);
+    let stale = with_tails(3, "a", rows[3]);
+    let got = bounded("claim", store.claim(&stale)).await;
+    assert!(got.is_empty(), "the tail was given back: {:?}", ids(&got));
+
+    let again = with_tails(3, "a", rows[0]);
+    let got = bounded("claim", store.claim(&again)).await;
+    assert_eq!(ids(&got), rows[1..4].to_vec(), "behind the tail still held");
+    td.drop_table().await;
+}

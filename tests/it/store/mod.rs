@@ -11,7 +11,7 @@ use crate::support::wait::*;
 use crate::support::*;
 use outbox_relay::store::{
     Budgets, ClaimRequest, ClaimedRow, Completion, Fence, LeaseTable, MAX_ERROR_LEN, NewRow, Probe,
-    Queue, Resolution, SqlStore,
+    Queue, Resolution, SqlStore, Tail,
 };
 use sqlx::Row;
 
@@ -31,6 +31,7 @@ fn token() -> Arc<str> {
 
 fn request(limit: u32, ttl: Duration, claimer: &str, fence: Option<Fence>) -> ClaimRequest {
     ClaimRequest {
+        tails: Vec::new(),
         trace: false,
         limit,
         ttl,

@@ -1,0 +1,220 @@
+//! Ordering keys' chains (docs/design.md, "Ordering keys: chains"): a key's runs claimed one
+//! after another while the earlier ones are still in flight, each sent only once the run
+//! before it was delivered whole.
+//!
+//! A claim may take a key's rows right behind the last row of it this relay has in flight
+//! (the key's *tail*, offered to the claim by [`Chains::tails`]); the database takes them only
+//! while this claimer holds that tail under a live claim. The relay keeps, per key, the last
+//! run it handed out; a new run of the key goes behind it ([`Chains::join`]) and waits for its
+//! outcome: delivered whole, the new run is sent; stopped (a row failed, was given back, or its
+//! task ended without a word), the new run goes back to the table unsent. So a key's rows leave
+//! the relay in id order across claims as within one, and a key moves at the speed its
+//! receiver accepts rows, not at one run per result write and claim round.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::watch;
+
+use crate::store::Tail;
+
+/// A key is offered to claims while fewer of its rows than this wait unsent in its chain:
+/// enough to keep it sending through a claim or two, without claiming far ahead of its
+/// receiver.
+pub const DEPTH: usize = 16;
+
+/// How a run ended, for the run behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Still sending (or waiting for the run before it).
+    Running,
+    /// Every row of it (and of the runs before it) was delivered.
+    Delivered,
+    /// A row of it (or of a run before it) was not delivered: the rows behind go back unsent.
+    Stopped,
+}
+
+/// A run's place in its key's chain.
+pub struct Place {
+    /// The outcome of the run before it, if one was handed out.
+    before: Option<watch::Receiver<Outcome>>,
+    /// Its own outcome, for the run behind it.
+    done: watch::Sender<Outcome>,
+    /// The chain's rows handed out and not yet sent (or given back).
+    unsent: Arc<AtomicUsize>,
+}
+
+impl Place {
+    /// Waits for the run before this one; whether it was delivered whole (true without one).
+    pub async fn may_send(&mut self) -> bool {
+        let Some(before) = self.before.as_mut() else {
+            return true;
+        };
+        loop {
+            match outcome(before) {
+                Outcome::Delivered => return true,
+                Outcome::Stopped => return false,
+                Outcome::Running => {
+                    if before.changed().await.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One row of the run leaves the chain (sent, or given back).
+    pub fn row_left(&self) {
+        self.unsent.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The run ended: delivered whole, or not.
+    pub fn end(self, delivered: bool) {
+        let outcome = if delivered {
+            Outcome::Delivered
+        } else {
+            Outcome::Stopped
+        };
+        // No receiver left is fine: no run was handed out behind this one.
+        let _ = self.done.send(outcome);
+    }
+}
+
+/// The last run of a key, as the chain keeps it.
+struct Link {
+    tail: i64,
+    done: watch::Receiver<Outcome>,
+    unsent: Arc<AtomicUsize>,
+}
+
+/// The relay loop's chains, per ordering key.
+#[derive(Default)]
+pub struct Chains {
+    links: HashMap<String, Link>,
+}
+
+impl Chains {
+    /// The keys whose last run is still running and whose chain holds fewer than [`DEPTH`]
+    /// unsent rows, those with the fewest first: what a claim may extend. Chains that ended are
+    /// forgotten here (their keys' next rows are heads again once the results are written).
+    pub fn tails(&mut self) -> Vec<Tail> {
+        self.links
+            .retain(|_, l| outcome(&l.done) == Outcome::Running);
+        let mut open: Vec<(usize, Tail)> = self
+            .links
+            .iter()
+            .map(|(key, l)| (l.unsent.load(Ordering::Relaxed), key, l.tail))
+            .filter(|(unsent, _, _)| *unsent < DEPTH)
+            .map(|(unsent, key, row)| {
+                (
+                    unsent,
+                    Tail {
+                        key: key.clone(),
+                        row,
+                    },
+                )
+            })
+            .collect();
+        open.sort_by_key(|(unsent, t)| (*unsent, t.row));
+        open.into_iter().map(|(_, t)| t).collect()
+    }
+
+    /// A run of `rows` rows of `key`, the last being `tail`, goes at the end of the key's
+    /// chain: it waits for the run handed out before it, if that one has not ended.
+    pub fn join(&mut self, key: String, tail: i64, rows: usize) -> Place {
+        let (done, rx) = watch::channel(Outcome::Running);
+        let before = self.links.get(&key);
+        let unsent = match before {
+            Some(l) if outcome(&l.done) == Outcome::Running => l.unsent.clone(),
+            _ => Arc::new(AtomicUsize::new(0)),
+        };
+        unsent.fetch_add(rows, Ordering::Relaxed);
+        let before = before.map(|l| l.done.clone());
+        let link = Link {
+            tail,
+            done: rx,
+            unsent: unsent.clone(),
+        };
+        self.links.insert(key, link);
+        Place {
+            before,
+            done,
+            unsent,
+        }
+    }
+
+    /// Whether any chain is still running.
+    pub fn any_running(&self) -> bool {
+        self.links
+            .values()
+            .any(|l| outcome(&l.done) == Outcome::Running)
+    }
+}
+
+/// A run's outcome as its receiver sees it: a run whose task ended without a word (aborted)
+/// stopped.
+fn outcome(rx: &watch::Receiver<Outcome>) -> Outcome {
+    match *rx.borrow() {
+        Outcome::Running if rx.has_changed().is_err() => Outcome::Stopped,
+        o => o,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_run_waits_for_the_one_before_and_follows_its_outcome() {
+        let mut chains = Chains::default();
+        let first = chains.join("k".into(), 3, 2);
+        let mut second = chains.join("k".into(), 5, 2);
+        assert_eq!(
+            chains.tails(),
+            [Tail {
+                key: "k".into(),
+                row: 5
+            }],
+            "the key is offered from its last row in flight"
+        );
+        let waiting = tokio::spawn(async move { second.may_send().await });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "the second run waits for the first");
+        first.end(true);
+        assert!(waiting.await.unwrap(), "the first was delivered: send");
+
+        let stopped = chains.join("j".into(), 7, 1);
+        let mut behind = chains.join("j".into(), 8, 1);
+        stopped.end(false);
+        assert!(
+            !behind.may_send().await,
+            "the run before stopped: give back"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_aborted_run_counts_as_stopped_and_ended_chains_are_forgotten() {
+        let mut chains = Chains::default();
+        let lost = chains.join("k".into(), 1, 1);
+        let mut behind = chains.join("k".into(), 2, 1);
+        drop(lost);
+        assert!(!behind.may_send().await);
+        behind.end(true);
+        assert!(chains.tails().is_empty(), "the key's last run ended");
+        assert!(!chains.any_running());
+    }
+
+    #[test]
+    fn a_deep_chain_is_not_offered() {
+        let mut chains = Chains::default();
+        let place = chains.join("deep".into(), 40, DEPTH);
+        let _short = chains.join("short".into(), 50, 1);
+        let keys: Vec<String> = chains.tails().into_iter().map(|t| t.key).collect();
+        assert_eq!(keys, ["short"]);
+        for _ in 0..DEPTH {
+            place.row_left();
+        }
+        assert_eq!(chains.tails().len(), 2);
+    }
+}
