@@ -64,8 +64,12 @@ pub struct Seen {
 /// What became of a key the claim read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyFate {
-    /// Rows of it were taken, or its head is not claimable (under a claim, waiting, behind
-    /// a row this store does not know of): nothing more to do for it now.
+    /// Rows of it were chosen: nothing more to do for it once the claim got them (a claim
+    /// that got none of them, since the database found them taken or blocked meanwhile,
+    /// leaves the key to be read again).
+    Taken,
+    /// Its head is not claimable (under a claim, waiting, behind a row this store does not
+    /// know of): nothing more to do for it now.
     Done,
     /// Its head is claimable but its channel had no budget left: read it again next claim.
     Deferred,
@@ -257,6 +261,7 @@ impl Chooser {
         }
         for ((key, _), (own, ids, _)) in keys.iter().zip(runs) {
             let fate = match (own.first(), ids.len()) {
+                (_, 1..) => KeyFate::Taken,
                 (Some(head), 0) if head.claimable() => KeyFate::Deferred,
                 _ => KeyFate::Done,
             };
@@ -431,7 +436,7 @@ mod tests {
         );
         assert_eq!(c.ids, [3, 9], "stops at the first row that is not free");
         assert_eq!(c.runs, [vec![3, 9]]);
-        assert_eq!(c.keys, [(key, KeyFate::Done)]);
+        assert_eq!(c.keys, [(key, KeyFate::Taken)]);
     }
 
     #[test]

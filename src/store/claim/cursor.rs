@@ -356,8 +356,17 @@ impl Cursors {
         // Only the freeing this claim read is used up: a row of the key that finished while
         // the claim ran freed it again, and that freeing must stay (it may be the key's last
         // row in flight; lost, the key would wait for the next full walk).
+        // A key whose chosen rows the claim did not get (the database found them taken, or
+        // behind a row finished or given back meanwhile) keeps its freeing too.
         for (key, fate) in &choice.keys {
-            if *fate == KeyFate::Done && s.freed.get(&key.key) == Some(&key.row) {
+            let used = match fate {
+                KeyFate::Done => true,
+                KeyFate::Taken => claimed
+                    .iter()
+                    .any(|r| r.ordering_key.as_deref() == Some(key.key.as_str())),
+                KeyFate::Deferred => false,
+            };
+            if used && s.freed.get(&key.key) == Some(&key.row) {
                 s.freed.remove(&key.key);
             }
         }
@@ -523,5 +532,24 @@ mod tests {
         };
         c.claimed(&choice, &[], true);
         assert!(keys_read(&c).is_empty());
+    }
+
+    /// A claim chose rows of a freed key and got none of them (the database found the row
+    /// before them finished or given back meanwhile): the freeing stays, and the next claim
+    /// reads the key again; a claim that got them uses it up.
+    #[test]
+    fn a_freeing_whose_chosen_rows_were_not_got_stays() {
+        let c = Cursors::default();
+        c.claimed(&Choice::default(), &[row(1)], true);
+        c.completed(&[delivered(1)]);
+        let read = keys_read(&c);
+        let chose = Choice {
+            keys: vec![(read[0].clone(), KeyFate::Taken)],
+            ..Choice::default()
+        };
+        c.claimed(&chose, &[], true);
+        assert_eq!(keys_read(&c), read, "got nothing: the key is read again");
+        c.claimed(&chose, &[row(2)], true);
+        assert!(keys_read(&c).is_empty(), "got its row: the freeing is used");
     }
 }

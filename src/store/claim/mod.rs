@@ -77,6 +77,15 @@ pub trait ClaimSql: Send + Sync {
         plain_channel_rows(db, w)
     }
 
+    /// Part `i` of a read (its `select`, ordered and limited) as a member of the read's
+    /// `UNION ALL`. By default a derived table of its own: a compound statement may not order
+    /// or limit its members directly on every database.
+    fn member(&self, i: usize, select: Sql) -> Sql {
+        let mut q = Sql::new("SELECT * FROM (");
+        q.append(select).push(&format!(") p{i}"));
+        q
+    }
+
     /// The `FROM ... LIMIT` that reads the first `rows` unfinished rows `o` of `key`'s
     /// ordering key (those above `after`, when given), in id order, through the index of
     /// unfinished rows by key. It may return rows of another key after the key's own (they

@@ -22,11 +22,7 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
         if i > 0 {
             q.push(" UNION ALL ");
         }
-        // Each part in a derived table of its own: a compound SELECT may not order or limit
-        // its members directly on every database.
-        q.push("SELECT * FROM (")
-            .append(select(db, sql, i, part))
-            .push(&format!(") p{i}"));
+        q.append(sql.member(i, select(db, sql, i, part)));
     }
     q
 }
@@ -116,7 +112,8 @@ pub fn value(rows: &[AnyRow], part: usize) -> Option<i64> {
         .and_then(|r| r.try_get::<Option<i64>, _>(1).ok().flatten())
 }
 
-/// The rows of a read, per part, in the order the database returned them.
+/// The rows of a read, per part, in the part's order (ascending ids; descending for a newest
+/// window): a compound statement promises no order of its own.
 pub fn decode(rows: &[AnyRow], parts: &[Part]) -> Vec<(Part, Vec<Candidate>)> {
     let mut out: Vec<(Part, Vec<Candidate>)> =
         parts.iter().map(|p| (p.clone(), Vec::new())).collect();
@@ -126,6 +123,12 @@ pub fn decode(rows: &[AnyRow], parts: &[Part]) -> Vec<(Part, Vec<Candidate>)> {
         };
         if let Some((_, list)) = out.get_mut(part) {
             list.push(candidate);
+        }
+    }
+    for (part, list) in out.iter_mut() {
+        match part {
+            Part::Window { newest: true, .. } => list.sort_by_key(|c| std::cmp::Reverse(c.id)),
+            _ => list.sort_by_key(|c| c.id),
         }
     }
     out
@@ -151,7 +154,7 @@ fn candidate(row: &AnyRow) -> Option<(usize, Candidate)> {
 /// A text column (text, or bytes where the database returns text as bytes); `None` when
 /// NULL. Bytes that are not UTF-8 are decoded with replacement characters: the read only
 /// compares them, and the claim decodes the row strictly (and fails it if it must).
-fn text(row: &AnyRow, i: usize) -> Option<String> {
+pub fn text(row: &AnyRow, i: usize) -> Option<String> {
     if let Ok(v) = row.try_get::<Option<String>, _>(i) {
         return v;
     }
