@@ -102,6 +102,14 @@ pub trait ClaimSql: Send + Sync {
         q
     }
 
+    /// The `FROM` that reads the rows `o` of every key part of `keys` in one member of the
+    /// read, `kp.part` naming each row's part; `None` (the default): a member per key part.
+    /// A read of many keys (a backlog of many keys, each with rows in flight) is then one
+    /// small statement whose text does not change with their number.
+    fn keys_at_once(&self, _db: &Db, _keys: &[read::KeyRead]) -> Option<Sql> {
+        None
+    }
+
     /// The `FROM ... LIMIT` that reads up to `gap.rows` rows `o` that meet `claimable`, of
     /// every channel strictly between `gap.above` and `gap.below` (unbounded where `None`),
     /// oldest first within a channel.

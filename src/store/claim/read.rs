@@ -10,35 +10,70 @@ use sqlx::any::AnyRow;
 
 use super::ClaimSql;
 use super::choose::Candidate;
-use super::plan::{ChannelRead, GapRead, Part};
+use super::plan::{ChannelRead, GapRead, KeyRef, Part};
 use crate::store::db::Db;
 use crate::store::sql::Sql;
 
 /// The read of `parts`: one `UNION ALL` of a `SELECT` per part, each row tagged with its
-/// part's index.
+/// part's index; where the database reads several keys at once
+/// ([`ClaimSql::keys_at_once`]), the key parts are one member.
 pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
-    let mut q = Sql::default();
+    let keys: Vec<KeyRead> = parts
+        .iter()
+        .enumerate()
+        .filter_map(|(part, p)| match p {
+            Part::Key { key, after, rows } => Some(KeyRead {
+                part,
+                key,
+                after: *after,
+                rows: *rows,
+            }),
+            _ => None,
+        })
+        .collect();
+    let at_once = match keys.len() {
+        0 | 1 => None,
+        _ => sql.keys_at_once(db, &keys),
+    };
+    let mut members = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
+        if at_once.is_none() || !matches!(part, Part::Key { .. }) {
+            members.push(sql.member(i, select(db, sql, i, part)));
+        }
+    }
+    if let Some(from) = at_once {
+        let int = db.syntax().integer_type();
+        let mut q = fields(
+            db,
+            &format!("CAST(kp.part AS {int})"),
+            &format!("CAST(1 AS {int})"),
+        );
+        q.append(from);
+        members.push(sql.member(parts.len() + 1, q));
+    }
+    let mut q = Sql::default();
+    for (i, member) in members.into_iter().enumerate() {
         if i > 0 {
             q.push(" UNION ALL ");
         }
-        q.append(sql.member(i, select(db, sql, i, part)));
+        q.append(member);
     }
     q
+}
+
+/// One key part of a read, for [`ClaimSql::keys_at_once`].
+pub struct KeyRead<'a> {
+    /// The part's index.
+    pub part: usize,
+    pub key: &'a KeyRef,
+    pub after: Option<i64>,
+    pub rows: u32,
 }
 
 /// One part's `SELECT`.
 fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
     let (s, c) = (db.syntax(), db.cols());
-    let channel = s.claim_text(&s.cast_text(&c.channel("o.")));
-    let key = s.claim_text(&c.text_or_null("o.", &c.ordering_key, s));
     let int = s.integer_type();
-    let free = format!(
-        "CAST(CASE WHEN {} AND (o.claimed_until IS NULL OR o.claimed_until < {}) THEN 1 ELSE 0 \
-         END AS {int})",
-        c.due("o.", s),
-        s.now()
-    );
     let head = match (part, &c.ordering_key) {
         // A key part's first row is its key's first unfinished row.
         (Part::Key { .. }, _) | (_, None) => format!("CAST(1 AS {int})"),
@@ -47,11 +82,7 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
             sql.head(db, "o.")
         ),
     };
-    let mut q = Sql::new(&format!(
-        "SELECT CAST({i} AS {int}) AS part, CAST(o.{id} AS {int}) AS id, {channel} AS channel, \
-         {key} AS okey, {free} AS free, {head} AS head",
-        id = c.id
-    ));
+    let mut q = fields(db, &format!("CAST({i} AS {int})"), &head);
     q.append(match part {
         Part::Window {
             channel,
@@ -87,6 +118,26 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
         } => sql.null_channel_rows(db, *rows, &claimable(db, sql)),
     });
     q
+}
+
+/// A read's select list for rows `o`: the part (`part`), id, channel and key as text, whether
+/// the row is free (due, under no live claim), and whether it is its key's head (`head`).
+fn fields(db: &Db, part: &str, head: &str) -> Sql {
+    let (s, c) = (db.syntax(), db.cols());
+    let channel = s.claim_text(&s.cast_text(&c.channel("o.")));
+    let key = s.claim_text(&c.text_or_null("o.", &c.ordering_key, s));
+    let int = s.integer_type();
+    let free = format!(
+        "CAST(CASE WHEN {} AND (o.claimed_until IS NULL OR o.claimed_until < {}) THEN 1 ELSE 0 \
+         END AS {int})",
+        c.due("o.", s),
+        s.now()
+    );
+    Sql::new(&format!(
+        "SELECT {part} AS part, CAST(o.{id} AS {int}) AS id, {channel} AS channel, \
+         {key} AS okey, {free} AS free, {head} AS head",
+        id = c.id
+    ))
 }
 
 /// The condition that row `o` is claimable on its own: unfinished, due, under no live claim,

@@ -22,6 +22,7 @@
 
 use super::Postgres;
 use crate::store::claim::plan::{ChannelRead, KeyRef};
+use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
 use crate::store::claim::{ClaimSql, Rows, claimable_for, plain_channel_rows};
 use crate::store::db::Db;
@@ -75,6 +76,37 @@ impl ClaimSql for Postgres {
                 c.open("o.")
             ));
         q
+    }
+
+    /// The keys as arrays (one text value each: the statement's text is the same for any
+    /// number of keys), each read by the same index walk as [`ClaimSql::key_rows`], laterally.
+    fn keys_at_once(&self, db: &Db, keys: &[KeyRead]) -> Option<Sql> {
+        let (t, c) = (db.table(), db.cols());
+        let (k, id) = (c.ordering_key.as_deref()?, &c.id);
+        let list = |f: &dyn Fn(&KeyRead) -> i64| {
+            let v: Vec<String> = keys.iter().map(|r| f(r).to_string()).collect();
+            v.join(",")
+        };
+        let array = |q: &mut Sql, values: String| {
+            q.push("string_to_array(")
+                .text(&values)
+                .push(", ',')::bigint[]");
+        };
+        let mut q = Sql::new(" FROM unnest(");
+        array(&mut q, list(&|r| r.part as i64));
+        q.push(", ");
+        array(&mut q, list(&|r| r.key.row));
+        q.push(", ");
+        array(&mut q, list(&|r| r.after.unwrap_or(i64::MIN)));
+        q.push(", ");
+        array(&mut q, list(&|r| i64::from(r.rows)));
+        q.push(&format!(
+            ") AS kp(part, krow, afterid, lim) CROSS JOIN LATERAL (SELECT q.* FROM {t} q \
+             WHERE (q.{k}, q.{id}) > ((SELECT x.{k} FROM {t} x WHERE x.{id} = kp.krow), kp.afterid) \
+             AND q.{k} IS NOT NULL AND {} ORDER BY q.{k}, q.{id} LIMIT kp.lim) o",
+            c.open("q.")
+        ));
+        Some(q)
     }
 
     /// The row just before `a` in the index of unfinished keyed rows by `(key, id)`, if it is
