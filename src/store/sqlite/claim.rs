@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::Sqlite;
 use crate::BoxFuture;
+use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
 use crate::store::claim::{ClaimSql, Rows, claimable_for};
 use crate::store::db::Db;
@@ -26,6 +27,34 @@ pub struct SqliteClaims {
 }
 
 impl ClaimSql for SqliteClaims {
+    /// The keys as one JSON value (the statement's text is the same for any number of keys),
+    /// each read by the same walk of the index of unfinished rows by key as
+    /// [`ClaimSql::key_rows`]'s, in a correlated subquery; SQLite takes no limit from an outer
+    /// row, so each key reads as many rows as the longest part asks (the choice takes no more
+    /// than its run).
+    fn keys_at_once(&self, db: &Db, keys: &[KeyRead]) -> Option<Sql> {
+        let (t, c) = (db.table(), db.cols());
+        let (k, id) = (c.ordering_key.as_deref()?, &c.id);
+        let parts: Vec<serde_json::Value> = keys
+            .iter()
+            .map(|r| serde_json::json!([r.part, r.key.key, r.after.unwrap_or(i64::MIN)]))
+            .collect();
+        let rows = keys.iter().map(|r| r.rows).max().unwrap_or(1);
+        let mut q = Sql::new(
+            " FROM (SELECT value ->> 0 AS part, value ->> 1 AS okey, value ->> 2 AS afterid \
+             FROM json_each(",
+        );
+        q.text(&serde_json::Value::Array(parts).to_string())
+            .push(&format!(
+                ")) kp JOIN {t} o ON o.{id} IN (SELECT q.{id} FROM {t} q WHERE q.{k} = kp.okey \
+                 AND q.{id} > kp.afterid AND {} ORDER BY q.{id} LIMIT ",
+                c.open("q.")
+            ))
+            .int(i64::from(rows))
+            .push(")");
+        Some(q)
+    }
+
     /// One `UPDATE ... RETURNING` of the chosen rows still claimable; in leader mode the
     /// statement checks the lease epoch itself (it runs under the database's single write
     /// lock, so the check and the claim cannot disagree).
