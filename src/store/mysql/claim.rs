@@ -20,7 +20,6 @@ use super::MySql;
 use super::open_index::{self, OPEN_CHANNEL, OPEN_KEY, index};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
-use crate::store::claim::read;
 use crate::store::claim::returned::{has_ordering_key, select_list};
 use crate::store::claim::{ClaimSql, Rows, free_and_open, ids_of};
 use crate::store::db::Db;
@@ -180,7 +179,7 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
 
 /// Leaves out of `rows` each keyed row that has an earlier unfinished row of its key outside
 /// `rows`, unless that row is one of `req`'s tails held by its claimer under a live claim
-/// (docs/design.md, "Ordering keys: chains").
+/// (docs/design.md, "Ordering keys: chains"), read by the same statement.
 ///
 /// The ordering keys are checked here, after the lock, not in the locking read: a plain
 /// look for an earlier row of the same key inside the locking read reads the snapshot taken
@@ -188,8 +187,8 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
 /// written in one transaction (an application recording two events of an order at once) and
 /// committed meanwhile were both claimed and sent at once (found by the chaos run;
 /// PostgreSQL reads both sides from one snapshot, SQLite has one writer). Sessions run at
-/// READ COMMITTED, so this statement sees what is committed when it runs; the earlier row and
-/// who holds it are read by this one statement, so a tail whose result is written meanwhile
+/// READ COMMITTED, so this statement sees what is committed when it runs; the earlier rows and
+/// the tails held are read by this one statement, so a tail whose result is written meanwhile
 /// is seen either held or finished, never both. Each row's earlier row is looked up with
 /// constant bounds ([`earlier_of`]): a correlated bound would read every entry of the key
 /// behind it. Rows behind a row this claim does not hold are left alone: not claimed, their
@@ -215,26 +214,38 @@ async fn leave_rows_behind_their_key(
             check.push(" UNION ALL ");
         }
         check.push("SELECT ").int(*row).push(", ");
-        match req.tails.is_empty() {
-            true => earlier_of(db, &mut check, *row),
-            false => earlier_held(db, &mut check, *row),
-        }
+        earlier_of(db, &mut check, *row);
     }
-    let tails: HashSet<i64> = req.tails.iter().map(|t| t.row).collect();
-    let mut blocked = HashSet::new();
+    if !req.tails.is_empty() {
+        // The tails this claimer holds under a live claim, as rows (-1, tail), read by the
+        // same statement: a tail whose result is written meanwhile is seen either held or
+        // finished (and then the row behind it is a head), never both.
+        let (t, id) = (db.table(), &db.cols().id);
+        check.push(&format!(
+            " UNION ALL SELECT -1, h.{id} FROM {t} h WHERE h.{id} IN ("
+        ));
+        check
+            .ints(req.tails.iter().map(|t| t.row))
+            .push(") AND h.claimed_by = ")
+            .text(&req.claimer)
+            .push(&format!(" AND h.claimed_until > {}", db.syntax().now()));
+    }
+    let mut ours = HashSet::new();
+    let mut behind = Vec::new();
     for r in db.query(check).fetch_all(&mut **tx).await? {
-        let (before, holder) = match req.tails.is_empty() {
-            true => (r.try_get::<Option<i64>, _>(1)?, None),
-            false => split_held(read::text(&r, 1)),
-        };
-        let Some(before) = before.filter(|b| !held.contains(b)) else {
-            continue;
-        };
-        let ours = tails.contains(&before) && holder.as_deref() == Some(req.claimer.as_str());
-        if !ours {
-            blocked.insert(r.try_get::<i64, _>(0)?);
+        let (row, before) = (r.try_get::<i64, _>(0)?, r.try_get::<Option<i64>, _>(1)?);
+        match (row, before) {
+            (-1, Some(tail)) => {
+                ours.insert(tail);
+            }
+            (_, Some(b)) if !held.contains(&b) => behind.push((row, b)),
+            _ => {}
         }
     }
+    let blocked: HashSet<i64> = (behind.iter())
+        .filter(|(_, b)| !ours.contains(b))
+        .map(|(row, _)| *row)
+        .collect();
     if !blocked.is_empty() {
         tracing::debug!(
             ?blocked,
@@ -262,33 +273,6 @@ fn earlier_of(db: &Db, q: &mut Sql, id: i64) {
     .push(&format!(") AND p.{c} < "))
     .int(id)
     .push(")");
-}
-
-/// As [`earlier_of`], with who holds that row under a live claim: `"<id> <claimer>"` (the
-/// claimer empty when none), read by one index step and one primary-key lookup.
-fn earlier_held(db: &Db, q: &mut Sql, id: i64) {
-    let (t, c) = (db.table(), &db.cols().id);
-    q.push(&format!(
-        "(SELECT CONCAT(p.{c}, ' ', COALESCE(CASE WHEN p.claimed_until > {} THEN p.claimed_by \
-         END, '')) FROM {t} p FORCE INDEX ({}) WHERE p.{OPEN_KEY} = \
-         (SELECT x.{OPEN_KEY} FROM {t} x WHERE x.{c} = ",
-        db.syntax().now(),
-        index(db, "open_key_idx")
-    ))
-    .int(id)
-    .push(&format!(") AND p.{c} < "))
-    .int(id)
-    .push(&format!(" ORDER BY p.{c} DESC LIMIT 1)"));
-}
-
-/// What [`earlier_held`] read: the earlier row, and its live claim's holder.
-fn split_held(text: Option<String>) -> (Option<i64>, Option<String>) {
-    let Some(text) = text else {
-        return (None, None);
-    };
-    let (id, holder) = text.split_once(' ').unwrap_or((&text, ""));
-    let holder = (!holder.is_empty()).then(|| holder.to_string());
-    (id.parse().ok(), holder)
 }
 
 /// Marks `rows` claimed by `req`'s claimer and token until `now + ttl`.
