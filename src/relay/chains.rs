@@ -84,6 +84,7 @@ impl Place {
 /// The last run of a key, as the chain keeps it.
 struct Link {
     tail: i64,
+    channel: String,
     done: watch::Receiver<Outcome>,
     unsent: Arc<AtomicUsize>,
 }
@@ -104,14 +105,15 @@ impl Chains {
         let mut open: Vec<(usize, Tail)> = self
             .links
             .iter()
-            .map(|(key, l)| (l.unsent.load(Ordering::Relaxed), key, l.tail))
+            .map(|(key, l)| (l.unsent.load(Ordering::Relaxed), key, l))
             .filter(|(unsent, _, _)| *unsent < DEPTH)
-            .map(|(unsent, key, row)| {
+            .map(|(unsent, key, l)| {
                 (
                     unsent,
                     Tail {
                         key: key.clone(),
-                        row,
+                        row: l.tail,
+                        channel: l.channel.clone(),
                     },
                 )
             })
@@ -120,9 +122,9 @@ impl Chains {
         open.into_iter().map(|(_, t)| t).collect()
     }
 
-    /// A run of `rows` rows of `key`, the last being `tail`, goes at the end of the key's
-    /// chain: it waits for the run handed out before it, if that one has not ended.
-    pub fn join(&mut self, key: String, tail: i64, rows: usize) -> Place {
+    /// A run of `rows` rows of `key`, the last being `tail` (of `channel`), goes at the end of
+    /// the key's chain: it waits for the run handed out before it, if that one has not ended.
+    pub fn join(&mut self, key: String, channel: &str, tail: i64, rows: usize) -> Place {
         let (done, rx) = watch::channel(Outcome::Running);
         let before = self.links.get(&key);
         let unsent = match before {
@@ -133,6 +135,7 @@ impl Chains {
         let before = before.map(|l| l.done.clone());
         let link = Link {
             tail,
+            channel: channel.to_string(),
             done: rx,
             unsent: unsent.clone(),
         };
@@ -168,13 +171,14 @@ mod tests {
     #[tokio::test]
     async fn a_run_waits_for_the_one_before_and_follows_its_outcome() {
         let mut chains = Chains::default();
-        let first = chains.join("k".into(), 3, 2);
-        let mut second = chains.join("k".into(), 5, 2);
+        let first = chains.join("k".into(), "a", 3, 2);
+        let mut second = chains.join("k".into(), "a", 5, 2);
         assert_eq!(
             chains.tails(),
             [Tail {
                 key: "k".into(),
-                row: 5
+                row: 5,
+                channel: "a".into(),
             }],
             "the key is offered from its last row in flight"
         );
@@ -184,8 +188,8 @@ mod tests {
         first.end(true);
         assert!(waiting.await.unwrap(), "the first was delivered: send");
 
-        let stopped = chains.join("j".into(), 7, 1);
-        let mut behind = chains.join("j".into(), 8, 1);
+        let stopped = chains.join("j".into(), "a", 7, 1);
+        let mut behind = chains.join("j".into(), "a", 8, 1);
         stopped.end(false);
         assert!(
             !behind.may_send().await,
@@ -196,8 +200,8 @@ mod tests {
     #[tokio::test]
     async fn an_aborted_run_counts_as_stopped_and_ended_chains_are_forgotten() {
         let mut chains = Chains::default();
-        let lost = chains.join("k".into(), 1, 1);
-        let mut behind = chains.join("k".into(), 2, 1);
+        let lost = chains.join("k".into(), "a", 1, 1);
+        let mut behind = chains.join("k".into(), "a", 2, 1);
         drop(lost);
         assert!(!behind.may_send().await);
         behind.end(true);
@@ -208,8 +212,8 @@ mod tests {
     #[test]
     fn a_deep_chain_is_not_offered() {
         let mut chains = Chains::default();
-        let place = chains.join("deep".into(), 40, DEPTH);
-        let _short = chains.join("short".into(), 50, 1);
+        let place = chains.join("deep".into(), "a", 40, DEPTH);
+        let _short = chains.join("short".into(), "a", 50, 1);
         let keys: Vec<String> = chains.tails().into_iter().map(|t| t.key).collect();
         assert_eq!(keys, ["short"]);
         for _ in 0..DEPTH {

@@ -428,7 +428,11 @@ impl ClaimLoop {
     fn chain(&mut self, run: &[Job]) -> Option<Place> {
         let last = run.last()?;
         let key = last.row.ordering_key.clone()?;
-        Some(self.chains.join(key, last.row.delivery.id, run.len()))
+        let channel = &last.row.delivery.channel;
+        Some(
+            self.chains
+                .join(key, channel, last.row.delivery.id, run.len()),
+        )
     }
 
     /// 5. After a claim that left every budget short: waits a poll interval or a wake-up.

@@ -73,6 +73,9 @@ pub struct Tail {
     pub key: String,
     /// Its last row in flight here.
     pub row: i64,
+    /// That row's channel: the rows behind it count against this channel's budget, so the
+    /// channel's oldest window reads that many rows fewer.
+    pub channel: String,
 }
 
 impl ClaimRequest {

@@ -220,7 +220,11 @@ fn tails(model: &Model, held: &[(i64, Arc<str>)]) -> Vec<Tail> {
         }
     }
     last.into_iter()
-        .map(|(key, row)| Tail { key, row })
+        .map(|(key, row)| Tail {
+            channel: (model.table.rows.get(&row)).map_or(String::new(), |r| r.channel.clone()),
+            key,
+            row,
+        })
         .collect()
 }
 

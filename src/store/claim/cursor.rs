@@ -195,13 +195,18 @@ impl State {
         for b in budgets(req) {
             let c = self.channels.entry(b.channel.clone()).or_default();
             let floor = c.settle(now);
+            // Rows behind the keys in flight of this channel count against its budget: the
+            // oldest window reads that many fewer (what it finds there would not be taken).
+            let chained = req.tails.iter().filter(|t| t.channel == b.channel).count();
             let oldest = b.total - b.newest;
+            let window =
+                oldest_window(oldest.saturating_sub(u32::try_from(chained).unwrap_or(u32::MAX)));
             if oldest > 0 {
                 if full && c.sweep != floor {
                     parts.push(Part::Window {
                         channel: b.channel.clone(),
                         from: c.sweep,
-                        rows: oldest_window(oldest),
+                        rows: window,
                         newest: false,
                         sweep: true,
                     });
@@ -209,7 +214,7 @@ impl State {
                 parts.push(Part::Window {
                     channel: b.channel.clone(),
                     from: floor,
-                    rows: oldest_window(oldest),
+                    rows: window,
                     newest: false,
                     sweep: false,
                 });

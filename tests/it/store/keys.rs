@@ -249,6 +249,7 @@ async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
     let tail = |row: i64| Tail {
         key: "k".into(),
         row,
+        channel: "hook".into(),
     };
     let with_tails = |n: u32, claimer: &str, row: i64| ClaimRequest {
         tails: vec![tail(row)],
