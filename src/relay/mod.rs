@@ -6,6 +6,7 @@
 //!     wait until enough delivery slots are free to make a claim worth a statement
 //!     claim up to min(free slots, batch_size) due rows      -- one statement
 //!     hand each row to a delivery task                       -- results batched by the recorder
+//!         (a key's rows: one task per run, behind the key's runs in flight, chains.rs)
 //!     a full batch: claim again at once; otherwise sleep poll_interval (NOTIFY wakes sooner)
 //!     idle: read whether anything is claimable before claiming; with NOTIFY, sleep until
 //!         the next retry is due, at most 2 x poll_interval
