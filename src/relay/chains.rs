@@ -105,17 +105,14 @@ impl Chains {
         let mut open: Vec<(usize, Tail)> = self
             .links
             .iter()
-            .map(|(key, l)| (l.unsent.load(Ordering::Relaxed), key, l))
-            .filter(|(unsent, _, _)| *unsent < DEPTH)
-            .map(|(unsent, key, l)| {
-                (
-                    unsent,
-                    Tail {
-                        key: key.clone(),
-                        row: l.tail,
-                        channel: l.channel.clone(),
-                    },
-                )
+            .filter_map(|(key, l)| {
+                let unsent = l.unsent.load(Ordering::Relaxed);
+                let tail = Tail {
+                    key: key.clone(),
+                    row: l.tail,
+                    channel: l.channel.clone(),
+                };
+                (unsent < DEPTH).then_some((unsent, tail))
             })
             .collect();
         open.sort_by_key(|(unsent, t)| (*unsent, t.row));

@@ -7,9 +7,9 @@
 //! each is due and unclaimed; the relay sends a run's rows one after another, each only once
 //! the one before it was accepted. A key read from behind its tail (a key part with `after`)
 //! is taken the same way: its first row read is right behind the key's rows in flight, and the
-//! database checks that the tail is still held (docs/design.md, "Ordering keys: chains"). Each channel's rows count against its budget: the rows of
-//! freed keys first (they are the oldest of their keys), then the oldest window, then the
-//! newest window's share.
+//! database checks that the tail is still held (docs/design.md, "Ordering keys: chains").
+//! Each channel's rows count against its budget: the rows of freed keys first (they are the
+//! oldest of their keys), then the oldest window, then the newest window's share.
 //!
 //! What the claim learns for the floors: how far each oldest window looked with every row
 //! settled (taken, or not claimable), so that the next claim reads on from there.

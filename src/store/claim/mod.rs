@@ -211,15 +211,21 @@ pub fn plain_channel_rows(db: &Db, w: &ChannelRead) -> Sql {
 /// database's test that an expression is one of them): unfinished, due, under no live claim,
 /// and either the head of its ordering key or right behind a row of the same claim.
 pub fn claimable_among(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> String) -> String {
-    let keyed = match &db.cols().ordering_key {
-        Some(k) => format!(
-            " AND (o.{k} IS NULL OR {} OR {})",
-            sql.head(db, "o."),
-            in_ids(&sql.earlier(db, "o."))
-        ),
-        None => String::new(),
-    };
-    format!("{}{keyed}", free_and_open(db))
+    match keyed_rule(db, sql, in_ids) {
+        Some(rule) => format!("{} AND ({rule})", free_and_open(db)),
+        None => free_and_open(db),
+    }
+}
+
+/// The ordering-key part of [`claimable_among`] (`None` where the table has no key): row `o`
+/// has no key, is its key's head, or is right behind a row of the same claim.
+fn keyed_rule(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> String) -> Option<String> {
+    let k = db.cols().ordering_key.as_deref()?;
+    Some(format!(
+        "o.{k} IS NULL OR {} OR {}",
+        sql.head(db, "o."),
+        in_ids(&sql.earlier(db, "o."))
+    ))
 }
 
 /// [`claimable_among`] for `req`, which may also take a keyed row right behind one of its
@@ -232,17 +238,14 @@ pub fn claimable_for(
     in_ids: &dyn Fn(&str) -> String,
     req: &ClaimRequest,
 ) -> Sql {
-    let c = db.cols();
-    let (Some(k), false) = (&c.ordering_key, req.tails.is_empty()) else {
+    let (Some(rule), false) = (keyed_rule(db, sql, in_ids), req.tails.is_empty()) else {
         return Sql::new(&claimable_among(db, sql, in_ids));
     };
-    let (t, id) = (db.table(), &c.id);
-    let earlier = sql.earlier(db, "o.");
+    let (t, id) = (db.table(), &db.cols().id);
     let mut q = Sql::new(&format!(
-        "{} AND (o.{k} IS NULL OR {} OR {} OR {earlier} IN (SELECT h.{id} FROM {t} h WHERE ",
+        "{} AND ({rule} OR {} IN (SELECT h.{id} FROM {t} h WHERE ",
         free_and_open(db),
-        sql.head(db, "o."),
-        in_ids(&earlier),
+        sql.earlier(db, "o."),
     ));
     let tails: Vec<i64> = req.tails.iter().map(|t| t.row).collect();
     sql.one_of(&mut q, &format!("h.{id}"), &tails);

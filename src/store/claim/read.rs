@@ -205,7 +205,7 @@ fn candidate(row: &AnyRow) -> Option<(usize, Candidate)> {
 /// A text column (text, or bytes where the database returns text as bytes); `None` when
 /// NULL. Bytes that are not UTF-8 are decoded with replacement characters: the read only
 /// compares them, and the claim decodes the row strictly (and fails it if it must).
-pub fn text(row: &AnyRow, i: usize) -> Option<String> {
+fn text(row: &AnyRow, i: usize) -> Option<String> {
     if let Ok(v) = row.try_get::<Option<String>, _>(i) {
         return v;
     }

@@ -83,23 +83,11 @@ impl ClaimSql for Postgres {
     fn keys_at_once(&self, db: &Db, keys: &[KeyRead]) -> Option<Sql> {
         let (t, c) = (db.table(), db.cols());
         let (k, id) = (c.ordering_key.as_deref()?, &c.id);
-        let list = |f: &dyn Fn(&KeyRead) -> i64| {
-            let v: Vec<String> = keys.iter().map(|r| f(r).to_string()).collect();
-            v.join(",")
-        };
-        let array = |q: &mut Sql, values: String| {
-            q.push("string_to_array(")
-                .text(&values)
-                .push(", ',')::bigint[]");
-        };
         let mut q = Sql::new(" FROM unnest(");
-        array(&mut q, list(&|r| r.part as i64));
-        q.push(", ");
-        array(&mut q, list(&|r| r.key.row));
-        q.push(", ");
-        array(&mut q, list(&|r| r.after.unwrap_or(i64::MIN)));
-        q.push(", ");
-        array(&mut q, list(&|r| i64::from(r.rows)));
+        id_array(&mut q, keys.iter().map(|r| r.part as i64)).push(", ");
+        id_array(&mut q, keys.iter().map(|r| r.key.row)).push(", ");
+        id_array(&mut q, keys.iter().map(|r| r.after.unwrap_or(i64::MIN))).push(", ");
+        id_array(&mut q, keys.iter().map(|r| i64::from(r.rows)));
         q.push(&format!(
             ") AS kp(part, krow, afterid, lim) CROSS JOIN LATERAL (SELECT q.* FROM {t} q \
              WHERE (q.{k}, q.{id}) > ((SELECT x.{k} FROM {t} x WHERE x.{id} = kp.krow), kp.afterid) \
@@ -124,18 +112,15 @@ impl ClaimSql for Postgres {
 
     /// The ids as one text value: the statement's text stays the same for any number of them.
     fn one_of(&self, q: &mut Sql, e: &str, ids: &[i64]) {
-        let list: Vec<String> = ids.iter().map(i64::to_string).collect();
-        q.push(&format!("{e} = ANY(CAST(string_to_array("))
-            .text(&list.join(","))
-            .push(", ',') AS bigint[]))");
+        q.push(&format!("{e} = ANY("));
+        id_array(q, ids.iter().copied()).push(")");
     }
 
     fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
         Box::pin(async move {
             let (t, id) = (db.table(), &db.cols().id);
-            let list: Vec<String> = ids.iter().map(i64::to_string).collect();
-            let mut q = Sql::new("WITH chosen AS (SELECT string_to_array(");
-            q.text(&list.join(",")).push(", ',')::bigint[] AS ids)");
+            let mut q = Sql::new("WITH chosen AS (SELECT ");
+            id_array(&mut q, ids.iter().copied()).push(" AS ids)");
             let fenced = match &req.fence {
                 Some(f) => {
                     q.push(", fence AS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
@@ -200,11 +185,10 @@ impl ResultSql for Postgres {
             // (docs/performance-log.md), and a row meets its token in a join. Ids are
             // integers and tokens hex, so neither holds a comma; the list's columns have
             // names no mapped table's columns can be mistaken for.
-            let ids: Vec<String> = rows.iter().map(|c| c.id.to_string()).collect();
             let tokens: Vec<&str> = rows.iter().map(|c| &*c.token).collect();
-            q.push(" FROM unnest(string_to_array(")
-                .text(&ids.join(","))
-                .push(", ',')::bigint[], string_to_array(")
+            q.push(" FROM unnest(");
+            id_array(q, rows.iter().map(|c| c.id))
+                .push(", string_to_array(")
                 .text(&tokens.join(","))
                 .push(&format!(
                     ", ',')) AS outbox_relay_done(outbox_relay_id, outbox_relay_token) \
@@ -227,4 +211,13 @@ impl ResultSql for Postgres {
             by_token(q, id, rows);
         }
     }
+}
+
+/// Appends `ids` as one `bigint[]` value bound as one text parameter: the statement's text is
+/// the same for any number of them, so it is parsed and planned once per connection.
+fn id_array(q: &mut Sql, ids: impl Iterator<Item = i64>) -> &mut Sql {
+    let list: Vec<String> = ids.map(|id| id.to_string()).collect();
+    q.push("string_to_array(")
+        .text(&list.join(","))
+        .push(", ',')::bigint[]")
 }
