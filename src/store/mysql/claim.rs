@@ -11,7 +11,7 @@
 //! - a keyed row is claimed only if every earlier unfinished row of its key is still taken by
 //!   the same claim when the rows are locked (see [`leave_rows_behind_their_key`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -98,7 +98,7 @@ impl ClaimSql for MySql {
 
     /// `open_key` is NULL for finished rows, so the index holds unfinished keys only. Only
     /// the claim's check after its lock asks this, of rows it names by id
-    /// ([`earlier_of`]); reads ask [`ClaimSql::head`].
+    /// ([`earlier_rows`]); reads ask [`ClaimSql::head`].
     fn earlier(&self, db: &Db, a: &str) -> String {
         let (t, id) = (db.table(), &db.cols().id);
         format!(
@@ -160,8 +160,13 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
         .join(", ");
     // The ordering keys are checked after the lock (below), by id, with constant bounds.
     let claimable = free_and_open(db);
+    // With a key, its `open_key` too: the check after the lock reads each key's range by it.
+    let key = match db.cols().ordering_key {
+        Some(_) => format!(", o.{OPEN_KEY}"),
+        None => String::new(),
+    };
     let q = Sql::new(&format!(
-        "SELECT {} FROM {} o WHERE o.{} IN ({list}) AND {claimable} {lock}",
+        "SELECT {}{key} FROM {} o WHERE o.{} IN ({list}) AND {claimable} {lock}",
         select_list(db, "o.", req),
         db.table(),
         db.cols().id
@@ -177,9 +182,10 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
     Ok(rows)
 }
 
-/// Leaves out of `rows` each keyed row that has an earlier unfinished row of its key outside
-/// `rows`, unless that row is one of `req`'s tails held by its claimer under a live claim
-/// (docs/design.md, "Ordering keys: chains"), read by the same statement.
+/// Leaves out of `rows` each keyed row whose nearest earlier unfinished row of its key is
+/// neither in `rows` (and claimed with it) nor one of `req`'s tails held by its claimer under
+/// a live claim (docs/design.md, "Ordering keys: chains"). A row behind a row left out is
+/// left out too.
 ///
 /// The ordering keys are checked here, after the lock, not in the locking read: a plain
 /// look for an earlier row of the same key inside the locking read reads the snapshot taken
@@ -188,64 +194,31 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
 /// committed meanwhile were both claimed and sent at once (found by the chaos run;
 /// PostgreSQL reads both sides from one snapshot, SQLite has one writer). Sessions run at
 /// READ COMMITTED, so this statement sees what is committed when it runs; the earlier rows and
-/// the tails held are read by this one statement, so a tail whose result is written meanwhile
-/// is seen either held or finished, never both. Each row's earlier row is looked up with
-/// constant bounds ([`earlier_of`]): a correlated bound would read every entry of the key
-/// behind it. Rows behind a row this claim does not hold are left alone: not claimed, their
-/// locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
+/// the tails held are read by this one statement ([`earlier_rows`]), so a tail whose result
+/// is written meanwhile is seen either held or finished, never both. Rows left out are not
+/// claimed, their locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
 async fn leave_rows_behind_their_key(
     db: &Db,
     req: &ClaimRequest,
     rows: &mut Vec<AnyRow>,
     tx: &mut Tx<'_>,
 ) -> anyhow::Result<()> {
-    let keyed: Vec<i64> = rows
-        .iter()
-        .filter(|r| has_ordering_key(r))
-        .filter_map(|r| r.try_get::<i64, _>(0).ok())
-        .collect();
-    if keyed.is_empty() || db.cols().ordering_key.is_none() {
+    if db.cols().ordering_key.is_none() {
         return Ok(());
     }
-    let held = ids_of(rows);
-    let mut check = Sql::default();
-    for (i, row) in keyed.iter().enumerate() {
-        if i > 0 {
-            check.push(" UNION ALL ");
-        }
-        check.push("SELECT ").int(*row).push(", ");
-        earlier_of(db, &mut check, *row);
-    }
-    if !req.tails.is_empty() {
-        // The tails this claimer holds under a live claim, as rows (-1, tail), read by the
-        // same statement: a tail whose result is written meanwhile is seen either held or
-        // finished (and then the row behind it is a head), never both.
-        let (t, id) = (db.table(), &db.cols().id);
-        check.push(&format!(
-            " UNION ALL SELECT -1, h.{id} FROM {t} h WHERE h.{id} IN ("
-        ));
-        check
-            .ints(req.tails.iter().map(|t| t.row))
-            .push(") AND h.claimed_by = ")
-            .text(&req.claimer)
-            .push(&format!(" AND h.claimed_until > {}", db.syntax().now()));
-    }
-    let mut ours = HashSet::new();
-    let mut behind = Vec::new();
-    for r in db.query(check).fetch_all(&mut **tx).await? {
-        let (row, before) = (r.try_get::<i64, _>(0)?, r.try_get::<Option<i64>, _>(1)?);
-        match (row, before) {
-            (-1, Some(tail)) => {
-                ours.insert(tail);
-            }
-            (_, Some(b)) if !held.contains(&b) => behind.push((row, b)),
-            _ => {}
+    // Each key's chosen rows, by the key as `open_key` holds it (read by the locking read).
+    let mut chosen: HashMap<String, BTreeSet<i64>> = HashMap::new();
+    for r in rows.iter().filter(|r| has_ordering_key(r)) {
+        let key = r.try_get::<Option<String>, _>(OPEN_KEY).ok().flatten();
+        if let (Ok(id), Some(key)) = (r.try_get::<i64, _>(0), key) {
+            chosen.entry(key).or_default().insert(id);
         }
     }
-    let blocked: HashSet<i64> = (behind.iter())
-        .filter(|(_, b)| !ours.contains(b))
-        .map(|(row, _)| *row)
-        .collect();
+    if chosen.is_empty() {
+        return Ok(());
+    }
+    let earlier = earlier_rows(db, req, &chosen, tx).await?;
+    let blocked = behind_their_key(&chosen, &earlier);
     if !blocked.is_empty() {
         tracing::debug!(
             ?blocked,
@@ -259,20 +232,83 @@ async fn leave_rows_behind_their_key(
     Ok(())
 }
 
-/// The nearest earlier unfinished row of row `id`'s ordering key (NULL when it has none),
-/// written for a constant `id`: the key is read through the primary key once, and the
-/// earlier row is one step back in the index of unfinished keys, bounded on both sides.
-fn earlier_of(db: &Db, q: &mut Sql, id: i64) {
-    let (t, c) = (db.table(), &db.cols().id);
-    q.push(&format!(
-        "(SELECT MAX(p.{c}) FROM {t} p FORCE INDEX ({}) WHERE p.{OPEN_KEY} = \
-         (SELECT x.{OPEN_KEY} FROM {t} x WHERE x.{c} = ",
+/// What [`earlier_rows`] read: each chosen key's unfinished rows before its last chosen row,
+/// and the offered tails held by the claimer under a live claim.
+#[derive(Debug, Default)]
+struct Earlier {
+    open: HashMap<String, BTreeSet<i64>>,
+    held_tails: HashSet<i64>,
+}
+
+/// Reads, in one statement, the unfinished rows of each key of `chosen` before its last
+/// chosen row, and which of `req`'s tails the claimer holds under a live claim. The rows are
+/// one range scan of `open_key_idx` with a constant range per key (a correlated bound, as in
+/// a subquery per row, reads every entry of the key behind the row: MariaDB does not bound
+/// an index range by a correlated value). A chosen row is a head or follows the claimer's own
+/// rows in flight, so the ranges hold little more than those (docs/design.md, "Keyed backlogs
+/// on MySQL/MariaDB").
+async fn earlier_rows(
+    db: &Db,
+    req: &ClaimRequest,
+    chosen: &HashMap<String, BTreeSet<i64>>,
+    tx: &mut Tx<'_>,
+) -> anyhow::Result<Earlier> {
+    let (t, id) = (db.table(), &db.cols().id);
+    let mut q = Sql::new(&format!(
+        "SELECT o.{id}, o.{OPEN_KEY} FROM {t} o FORCE INDEX ({}) WHERE ",
         index(db, "open_key_idx")
-    ))
-    .int(id)
-    .push(&format!(") AND p.{c} < "))
-    .int(id)
-    .push(")");
+    ));
+    for (i, (key, ids)) in chosen.iter().enumerate() {
+        let last = ids.last().copied().unwrap_or(i64::MIN);
+        q.push(if i > 0 { " OR (" } else { "(" });
+        q.push(&format!("o.{OPEN_KEY} = ")).text(key);
+        q.push(&format!(" AND o.{id} < ")).int(last).push(")");
+    }
+    if !req.tails.is_empty() {
+        // The tails this claimer holds under a live claim, as rows with no key.
+        q.push(&format!(
+            " UNION ALL SELECT h.{id}, NULL FROM {t} h WHERE h.{id} IN ("
+        ));
+        q.ints(req.tails.iter().map(|t| t.row))
+            .push(") AND h.claimed_by = ")
+            .text(&req.claimer)
+            .push(&format!(" AND h.claimed_until > {}", db.syntax().now()));
+    }
+    let mut earlier = Earlier::default();
+    for r in db.query(q).fetch_all(&mut **tx).await? {
+        let row = r.try_get::<i64, _>(0)?;
+        match r.try_get::<Option<String>, _>(1)? {
+            Some(key) => earlier.open.entry(key).or_default().insert(row),
+            None => earlier.held_tails.insert(row),
+        };
+    }
+    Ok(earlier)
+}
+
+/// The chosen rows to leave out: walking each key's chosen rows in id order, a row whose
+/// nearest earlier unfinished row is neither a chosen row kept nor a held tail, and so every
+/// chosen row of its key after it.
+fn behind_their_key(chosen: &HashMap<String, BTreeSet<i64>>, earlier: &Earlier) -> HashSet<i64> {
+    let mut blocked = HashSet::new();
+    let none = BTreeSet::new();
+    for (key, ids) in chosen {
+        let open = earlier.open.get(key).unwrap_or(&none);
+        let mut kept_before = true;
+        for &row in ids {
+            let before = open.range(..row).next_back().copied();
+            let chosen_before = ids.range(..row).next_back().copied();
+            let ok = match before.max(chosen_before) {
+                None => true,
+                Some(p) if Some(p) == chosen_before => kept_before,
+                Some(p) => earlier.held_tails.contains(&p),
+            };
+            if !ok {
+                blocked.insert(row);
+            }
+            kept_before = ok;
+        }
+    }
+    blocked
 }
 
 /// Marks `rows` claimed by `req`'s claimer and token until `now + ttl`.
@@ -308,4 +344,57 @@ async fn fence_holds(db: &Db, req: &ClaimRequest, tx: &mut Tx<'_>) -> anyhow::Re
         .int(f.epoch)
         .push(" LOCK IN SHARE MODE");
     Ok(db.query(q).fetch_optional(&mut **tx).await?.is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chosen(keys: &[(&str, &[i64])]) -> HashMap<String, BTreeSet<i64>> {
+        let set = |ids: &[i64]| ids.iter().copied().collect();
+        keys.iter()
+            .map(|(k, ids)| (k.to_string(), set(ids)))
+            .collect()
+    }
+
+    fn earlier(open: &[(&str, &[i64])], held_tails: &[i64]) -> Earlier {
+        Earlier {
+            open: chosen(open),
+            held_tails: held_tails.iter().copied().collect(),
+        }
+    }
+
+    fn sorted(set: HashSet<i64>) -> Vec<i64> {
+        let mut v: Vec<i64> = set.into_iter().collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn heads_and_rows_behind_chosen_rows_or_held_tails_are_kept() {
+        let c = chosen(&[("a", &[10, 12]), ("b", &[11]), ("c", &[13])]);
+        // a: 10 is the head, 12 follows it; b: 11 follows the held tail 7; c: no earlier row.
+        let e = earlier(&[("a", &[10]), ("b", &[3, 7])], &[7]);
+        assert!(behind_their_key(&c, &e).is_empty());
+    }
+
+    #[test]
+    fn a_row_behind_a_row_left_out_is_left_out_too() {
+        // 5 committed after 10 and 12 were read: 10 is behind it, and 12 behind 10.
+        let c = chosen(&[("a", &[10, 12, 14]), ("b", &[11])]);
+        let e = earlier(&[("a", &[5, 10, 12])], &[]);
+        assert_eq!(sorted(behind_their_key(&c, &e)), vec![10, 12, 14]);
+    }
+
+    #[test]
+    fn a_tail_not_held_blocks_its_key() {
+        // 7 is a tail no longer held (its claim ran out): 11 waits, and so does 15.
+        let c = chosen(&[("b", &[11, 15])]);
+        let e = earlier(&[("b", &[7, 11])], &[]);
+        assert_eq!(sorted(behind_their_key(&c, &e)), vec![11, 15]);
+        // An unfinished row between two chosen rows that the claim does not hold.
+        let c = chosen(&[("b", &[11, 15])]);
+        let e = earlier(&[("b", &[11, 13])], &[]);
+        assert_eq!(sorted(behind_their_key(&c, &e)), vec![15]);
+    }
 }

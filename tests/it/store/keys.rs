@@ -299,3 +299,53 @@ async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
     assert_eq!(ids(&got), rows[1..4].to_vec(), "behind the tail still held");
     td.drop_table().await;
 }
+
+/// PostgreSQL and MySQL/MariaDB: a claim passes over rows another claim is locking (`SKIP
+/// LOCKED`). When that is the first row of a run the claim chose, the rows chosen behind it
+/// wait too: a row is taken only behind a row the same claim takes (given back at once where
+/// the database took it; SQLite has one writer and no row locks).
+mod a_run_behind_a_row_another_claim_is_locking_waits {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        super::a_run_behind_a_row_another_claim_is_locking_waits(crate::support::Db::Postgres).await
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        super::a_run_behind_a_row_another_claim_is_locking_waits(crate::support::Db::MySql).await
+    }
+}
+async fn a_run_behind_a_row_another_claim_is_locking_waits(db: Db) {
+    let Some(td) = TestDb::open(db, "st_lockrun").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let rows = enqueue_keyed(&td, 5, |_| "k".into()).await;
+    let first = hook_request(8, "a");
+    let got = bounded("claim", store.claim(&first)).await;
+    assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
+    deliver(&td, &first, &got).await;
+    let free = td.enqueue("hook", "{}", None).await;
+    // Another claimer's transaction, between its locking read and its commit, holds the
+    // key's new head.
+    let mut other = store.pool().begin().await.expect("begin");
+    let lock = format!(
+        "SELECT id FROM {} WHERE id = {} FOR UPDATE",
+        td.table, rows[1]
+    );
+    sqlx::query(sqlx::AssertSqlSafe(lock))
+        .fetch_all(&mut *other)
+        .await
+        .expect("lock the head");
+    let got = bounded("claim", store.claim(&hook_request(8, "a"))).await;
+    assert_eq!(ids(&got), vec![free], "only the row without a key");
+    other.rollback().await.expect("rollback");
+
+    let got = bounded("claim", store.claim(&hook_request(8, "a"))).await;
+    assert!(!got.is_empty(), "nothing claimed once the head is free");
+    assert_eq!(
+        ids(&got),
+        rows[1..1 + got.len()].to_vec(),
+        "the key's rows from its head, once it is free"
+    );
+    td.drop_table().await;
+}
