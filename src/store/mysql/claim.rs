@@ -214,11 +214,15 @@ async fn leave_rows_behind_their_key(
             chosen.entry(key).or_default().insert(id);
         }
     }
-    if chosen.is_empty() {
-        return Ok(());
+    // Keys in statements of at most KEYS_PER_CHECK ranges (`batch_size` goes to 10,000): past
+    // `range_optimizer_max_mem_size` the server would scan the whole index instead.
+    let mut blocked = HashSet::new();
+    let keys: Vec<(String, BTreeSet<i64>)> = chosen.into_iter().collect();
+    for part in keys.chunks(KEYS_PER_CHECK) {
+        let part: HashMap<String, BTreeSet<i64>> = part.iter().cloned().collect();
+        let earlier = earlier_rows(db, req, &part, tx).await?;
+        blocked.extend(behind_their_key(&part, &earlier));
     }
-    let earlier = earlier_rows(db, req, &chosen, tx).await?;
-    let blocked = behind_their_key(&chosen, &earlier);
     if !blocked.is_empty() {
         tracing::debug!(
             ?blocked,
@@ -231,6 +235,9 @@ async fn leave_rows_behind_their_key(
     }
     Ok(())
 }
+
+/// Most keys one check statement reads (a range each).
+const KEYS_PER_CHECK: usize = 500;
 
 /// What [`earlier_rows`] read: each chosen key's unfinished rows before its last chosen row,
 /// and the offered tails held by the claimer under a live claim.

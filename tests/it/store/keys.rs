@@ -349,3 +349,30 @@ async fn a_run_behind_a_row_another_claim_is_locking_waits(db: Db) {
     );
     td.drop_table().await;
 }
+
+/// MySQL/MariaDB check the keys of a claim after its lock, a range of `open_key_idx` per key,
+/// in statements of at most 500 keys: a claim of more keys' heads than that takes them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_more_keys_than_one_check_reads_takes_every_head() {
+    let Some(td) = TestDb::open(Db::MySql, "st_widekeys").await else {
+        return;
+    };
+    let values: Vec<String> = (0..700)
+        .map(|i| format!("('hook', '{{}}', 'w{i}')"))
+        .collect();
+    td.exec(&format!(
+        "INSERT INTO {{t}} (channel, payload, ordering_key) VALUES {}",
+        values.join(", ")
+    ))
+    .await;
+    let req = hook_request(700, "a");
+    let got = bounded("claim", td.store.claim(&req)).await;
+    assert!(
+        got.len() > 500,
+        "a claim of {} heads of as many keys",
+        got.len()
+    );
+    let keys: std::collections::HashSet<_> = got.iter().map(|r| &r.ordering_key).collect();
+    assert_eq!(keys.len(), got.len(), "one row of each key");
+    td.drop_table().await;
+}
