@@ -241,18 +241,49 @@ pub fn claimable_for(
     let (Some(rule), false) = (keyed_rule(db, sql, in_ids), req.tails.is_empty()) else {
         return Sql::new(&claimable_among(db, sql, in_ids));
     };
-    let (t, id) = (db.table(), &db.cols().id);
+    let mut q = Sql::new(&format!("{} AND ({rule} OR ", free_and_open(db)));
+    held_tail(db, sql, req, &sql.earlier(db, "o."), &mut q);
+    q.push(")");
+    q
+}
+
+/// [`claimable_for`] where `e`, an expression the statement computes once per row, is row
+/// `o`'s nearest earlier unfinished row of its key ([`ClaimSql::earlier`]; NULL for a head or
+/// a row without a key): one look-up of it per row instead of one per test that asks
+/// (PostgreSQL computes it laterally).
+pub fn claimable_given_earlier(
+    db: &Db,
+    sql: &dyn ClaimSql,
+    in_ids: &dyn Fn(&str) -> String,
+    req: &ClaimRequest,
+    e: &str,
+) -> Sql {
+    let Some(k) = db.cols().ordering_key.as_deref() else {
+        return Sql::new(&free_and_open(db));
+    };
     let mut q = Sql::new(&format!(
-        "{} AND ({rule} OR {} IN (SELECT h.{id} FROM {t} h WHERE ",
+        "{} AND (o.{k} IS NULL OR {e} IS NULL OR {}",
         free_and_open(db),
-        sql.earlier(db, "o."),
+        in_ids(e)
     ));
+    if !req.tails.is_empty() {
+        q.push(" OR ");
+        held_tail(db, sql, req, e, &mut q);
+    }
+    q.push(")");
+    q
+}
+
+/// Appends the condition that row `e` is one of `req`'s tails, held by its claimer under a
+/// live claim.
+fn held_tail(db: &Db, sql: &dyn ClaimSql, req: &ClaimRequest, e: &str, q: &mut Sql) {
+    let (t, id) = (db.table(), &db.cols().id);
+    q.push(&format!("{e} IN (SELECT h.{id} FROM {t} h WHERE "));
     let tails: Vec<i64> = req.tails.iter().map(|t| t.row).collect();
-    sql.one_of(&mut q, &format!("h.{id}"), &tails);
+    sql.one_of(q, &format!("h.{id}"), &tails);
     q.push(" AND h.claimed_by = ")
         .text(&req.claimer)
-        .push(&format!(" AND h.claimed_until > {}))", db.syntax().now()));
-    q
+        .push(&format!(" AND h.claimed_until > {})", db.syntax().now()));
 }
 
 /// The condition that row `o` is unfinished, due and under no live claim (whatever its

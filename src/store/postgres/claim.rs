@@ -24,7 +24,7 @@ use super::Postgres;
 use crate::store::claim::plan::{ChannelRead, KeyRef};
 use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Rows, claimable_for, plain_channel_rows};
+use crate::store::claim::{ClaimSql, Rows, claimable_given_earlier, plain_channel_rows};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
@@ -133,7 +133,20 @@ impl ClaimSql for Postgres {
                 None => "",
             };
             let chosen = "ANY(CAST((SELECT ids FROM chosen) AS bigint[]))";
-            let claimable = claimable_for(db, self, &|e| format!("{e} = {chosen}"), req);
+            // Each keyed row's earlier row, looked up once: the claim rule's tests ask for it
+            // up to three times. `OFFSET 0` keeps the planner from pulling the subquery up,
+            // which puts its expression back in each test (docs/design.md, "Claims on
+            // PostgreSQL").
+            let earlier = match db.cols().ordering_key.as_deref() {
+                Some(k) => format!(
+                    " CROSS JOIN LATERAL (SELECT CASE WHEN o.{k} IS NOT NULL THEN {} END AS e \
+                     OFFSET 0) x",
+                    self.earlier(db, "o.")
+                ),
+                None => String::new(),
+            };
+            let in_chosen = |e: &str| format!("{e} = {chosen}");
+            let claimable = claimable_given_earlier(db, self, &in_chosen, req, "x.e");
             q.push(&format!(" UPDATE {t} u SET claimed_by = "))
                 .text(&req.claimer)
                 .push(", claim_token = ")
@@ -143,7 +156,8 @@ impl ClaimSql for Postgres {
                 // update (docs/design.md, "HOT claims").
                 .now_plus(db.syntax(), req.ttl)
                 .push(&format!(
-                    " WHERE u.{id} = ANY(ARRAY(SELECT o.{id} FROM {t} o WHERE o.{id} = {chosen} AND "
+                    " WHERE u.{id} = ANY(ARRAY(SELECT o.{id} FROM {t} o{earlier} \
+                     WHERE o.{id} = {chosen} AND "
                 ))
                 .append(claimable)
                 .push(&format!(
