@@ -96,18 +96,6 @@ impl ClaimSql for MySql {
         Sql::new(&format!(" FROM {} o WHERE 1 = 0", db.table()))
     }
 
-    /// `open_key` is NULL for finished rows, so the index holds unfinished keys only. Only
-    /// the claim's check after its lock asks this, of rows it names by id
-    /// ([`earlier_rows`]); reads ask [`ClaimSql::head`].
-    fn earlier(&self, db: &Db, a: &str) -> String {
-        let (t, id) = (db.table(), &db.cols().id);
-        format!(
-            "(SELECT MAX(p.{id}) FROM {t} p FORCE INDEX ({}) \
-             WHERE p.{OPEN_KEY} = {a}{OPEN_KEY} AND p.{id} < {a}{id})",
-            index(db, "open_key_idx")
-        )
-    }
-
     /// The key's first entry in the index of unfinished keys is `a` itself: one index step.
     /// (An earlier row looked for with `a`'s id as a bound reads every entry of the key on
     /// one side of `a`: MariaDB does not bound an index range by a correlated value.)
@@ -158,7 +146,7 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
         .map(i64::to_string)
         .collect::<Vec<_>>()
         .join(", ");
-    // The ordering keys are checked after the lock (below), by id, with constant bounds.
+    // The ordering keys are checked after the lock (below), a constant range per key.
     let claimable = free_and_open(db);
     // With a key, its `open_key` too: the check after the lock reads each key's range by it.
     let key = match db.cols().ordering_key {
