@@ -357,13 +357,10 @@ async fn a_claim_of_more_keys_than_one_check_reads_takes_every_head() {
     let Some(td) = TestDb::open(Db::MySql, "st_widekeys").await else {
         return;
     };
-    let values: Vec<String> = (0..700)
-        .map(|i| format!("('hook', '{{}}', 'w{i}')"))
-        .collect();
-    td.exec(&format!(
-        "INSERT INTO {{t}} (channel, payload, ordering_key) VALUES {}",
-        values.join(", ")
-    ))
+    td.insert(
+        "hook",
+        (0..700).map(|i| (Some(format!("w{i}")), "{}".to_string())),
+    )
     .await;
     let req = hook_request(700, "a");
     let got = bounded("claim", td.store.claim(&req)).await;
