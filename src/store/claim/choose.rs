@@ -87,7 +87,26 @@ pub struct Choice {
     pub keys: Vec<(KeyRef, KeyFate)>,
     /// The rows taken from newest windows (they count against the newest share).
     pub newest: Vec<i64>,
+    /// Per key read, the rows it read and did not take, right behind those it took.
+    pub ahead: Vec<Ahead>,
 }
+
+/// Rows of a key a claim read and did not take, in id order, each free when read, right
+/// behind the rows of it the claim took (or, if it took none, behind where the read
+/// started): once the claim got those, the next claim may read these by id ([`Part::Known`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ahead {
+    pub key: String,
+    /// The rows of the key the claim took, in id order.
+    pub took: Vec<i64>,
+    /// Where the part read from (a tail in flight; `None`: the key's head).
+    pub after: Option<i64>,
+    pub rows: Vec<i64>,
+}
+
+/// A key part as the chooser sees it: the key, where it read from, the rows it read and the
+/// rows known behind them that it did not read.
+type KeyRows<'a> = (&'a KeyRef, Option<i64>, &'a [Candidate], &'a [i64]);
 
 /// Chooses from `found` (each part's rows, in the part's order: ascending ids, descending
 /// for a newest window) within `budgets`, at most `run` rows per key; the [`Part::Others`]
@@ -111,10 +130,13 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         choice: Choice::default(),
     };
     // Keys first (the oldest rows of their keys), then oldest windows, then the rest.
-    let keys: Vec<(&KeyRef, &[Candidate])> = found
+    let keys: Vec<KeyRows> = found
         .iter()
         .filter_map(|(part, rows)| match part {
-            Part::Key { key, .. } => Some((key, rows.as_slice())),
+            Part::Key { key, after, .. } => Some((key, *after, rows.as_slice(), &[][..])),
+            Part::Known {
+                key, after, more, ..
+            } => Some((key, Some(*after), rows.as_slice(), more.as_slice())),
             _ => None,
         })
         .collect();
@@ -235,11 +257,11 @@ impl Chooser {
     /// The keys' runs: each key's head and the rows behind it while each is free, taken
     /// breadth first (every key's head, then every key's second row, ...) so that a budget
     /// smaller than the keys' rows is shared among the keys.
-    fn keys(&mut self, keys: &[(&KeyRef, &[Candidate])], run: u32) {
+    fn keys(&mut self, keys: &[KeyRows], run: u32) {
         // Per key, its own rows in id order, and whether its run is still growing.
         let mut runs: Vec<(Vec<&Candidate>, Vec<i64>, bool)> = keys
             .iter()
-            .map(|(key, rows)| {
+            .map(|(key, _, rows, _)| {
                 let own: Vec<&Candidate> = rows
                     .iter()
                     .filter(|r| r.key.as_deref() == Some(key.key.as_str()))
@@ -259,12 +281,25 @@ impl Chooser {
                 }
             }
         }
-        for ((key, _), (own, ids, _)) in keys.iter().zip(runs) {
+        for ((key, after, _, more), (own, ids, _)) in keys.iter().zip(runs) {
             let fate = match (own.first(), ids.len()) {
                 (_, 1..) => KeyFate::Taken,
                 (Some(head), 0) if head.claimable() => KeyFate::Deferred,
                 _ => KeyFate::Done,
             };
+            let rest = &own[ids.len()..];
+            let mut ahead: Vec<i64> = rest.iter().take_while(|r| r.free).map(|r| r.id).collect();
+            if ahead.len() == rest.len() {
+                ahead.extend_from_slice(more);
+            }
+            if !ahead.is_empty() {
+                self.choice.ahead.push(Ahead {
+                    key: key.key.clone(),
+                    took: ids.clone(),
+                    after: *after,
+                    rows: ahead,
+                });
+            }
             if ids.len() > 1 {
                 self.choice.runs.push(ids);
             }
@@ -469,6 +504,42 @@ mod tests {
             c.keys,
             [(k("busy"), KeyFate::Done), (k("late"), KeyFate::Deferred)]
         );
+    }
+
+    #[test]
+    fn rows_read_and_not_taken_are_ahead_of_the_rows_taken() {
+        let key = KeyRef {
+            key: "k".into(),
+            row: 10,
+        };
+        // Read behind tail 10: the budget takes two; 13 and 14 are ahead, and so is 15, known
+        // from an earlier read and not read now.
+        let rows: Vec<Candidate> = (11..=14).map(|i| row(i, Some("k"), true, true)).collect();
+        let known = Part::Known {
+            key: key.clone(),
+            after: 10,
+            ids: vec![11, 12, 13, 14],
+            more: vec![15],
+        };
+        let c = choose(&[(known, rows.clone())], &budget(2, 0), 8);
+        assert_eq!(c.ids, [11, 12]);
+        let ahead = Ahead {
+            key: "k".into(),
+            took: vec![11, 12],
+            after: Some(10),
+            rows: vec![13, 14, 15],
+        };
+        assert_eq!(c.ahead, [ahead]);
+        // A row not free ends what is ahead: nothing known behind it counts.
+        let mut rows = rows;
+        rows[3].free = false;
+        let part = Part::Key {
+            key,
+            after: Some(10),
+            rows: 4,
+        };
+        let c = choose(&[(part, rows)], &budget(2, 0), 8);
+        assert_eq!(c.ahead[0].rows, [13]);
     }
 
     #[test]

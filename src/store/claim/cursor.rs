@@ -1,5 +1,5 @@
-//! Where a claim's reads start (docs/design.md, "Claims", "Floors"), and which ordering keys
-//! it reads.
+//! Where a claim's reads start (docs/design.md, "Claims", "Floors"), and the ordering keys
+//! this store freed (which of them a claim reads: `keys.rs`).
 //!
 //! Each channel has a *floor*: its oldest window reads only rows above it. After a claim the
 //! floor moves to the highest row up to which every row the window read was taken or not
@@ -28,12 +28,12 @@
 //!
 //! The state is per store, and so per relay loop: in claim mode each instance keeps its own.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::RUN;
 use super::choose::{Choice, KeyFate};
+use super::keys::{ReadAhead, key_parts};
 use super::plan::{KeyRef, NEWEST_WINDOW, Part, budgets, gaps, oldest_window};
 use crate::store::model::{ClaimRequest, ClaimedRow, Completion, Resolution};
 
@@ -49,8 +49,6 @@ const WALK_COST_SHARE: u32 = 20;
 const DUE_REMEMBERED: usize = 10_000;
 /// How many freed keys are remembered; beyond it, a key waits for the full walk.
 const FREED_REMEMBERED: usize = 10_000;
-/// How many freed keys one claim reads (each is one bounded part of its read).
-const KEYS_PER_CLAIM: usize = 128;
 /// How long a floor learnt from a window that reached a channel's newest row waits before it
 /// is used. Ids are handed out when rows are inserted, not when their transactions commit, so
 /// a row with a lower id can still appear after a claim read: a floor is used only once
@@ -84,6 +82,8 @@ struct State {
     in_flight: HashMap<i64, (String, Option<String>)>,
     /// Keys whose next rows may be claimable (key -> a row of it).
     freed: BTreeMap<String, i64>,
+    /// Per key with rows in flight, its next rows a claim read and did not take.
+    ahead: ReadAhead,
     due: BTreeMap<Instant, Vec<Due>>,
     last_full_walk: Option<Instant>,
     /// The period of the full walk now (see [`WALK_COST_SHARE`]).
@@ -98,6 +98,7 @@ impl Default for State {
             channels: HashMap::new(),
             in_flight: HashMap::new(),
             freed: BTreeMap::new(),
+            ahead: ReadAhead::default(),
             due: BTreeMap::new(),
             last_full_walk: None,
             walk_every: FULL_WALK_EVERY,
@@ -230,7 +231,8 @@ impl State {
             }
         }
         if req.budgets.is_some() {
-            parts.extend(key_parts(req, &self.freed));
+            self.ahead.forget_beyond(req);
+            parts.extend(key_parts(req, &self.freed, &self.ahead));
         }
         match &req.budgets {
             Some(b) => {
@@ -244,44 +246,18 @@ impl State {
     }
 }
 
-/// The parts that read ordering keys, at most [`KEYS_PER_CLAIM`]: first the keys with rows in
-/// flight at the relay, from behind their tails ([`ClaimRequest::tails`]), each read for a
-/// fair share of the budget (a claim takes them breadth first); then the freed keys without
-/// rows in flight, from their first unfinished row, for a whole run.
-fn key_parts(req: &ClaimRequest, freed: &BTreeMap<String, i64>) -> Vec<Part> {
-    let tails = &req.tails[..req.tails.len().min(KEYS_PER_CLAIM)];
-    let total = req.budgets.as_ref().map_or(req.limit, |b| b.total());
-    let share = (total / u32::try_from(tails.len()).unwrap_or(u32::MAX).max(1)).saturating_mul(2);
-    let mut parts: Vec<Part> = tails
-        .iter()
-        .map(|t| Part::Key {
-            key: KeyRef {
-                key: t.key.clone(),
-                row: t.row,
-            },
-            after: Some(t.row),
-            rows: share.clamp(2, RUN),
-        })
-        .collect();
-    let chained: HashSet<&str> = tails.iter().map(|t| t.key.as_str()).collect();
-    parts.extend(
-        freed
-            .iter()
-            .filter(|(key, _)| !chained.contains(key.as_str()))
-            .take(KEYS_PER_CLAIM - tails.len())
-            .map(|(key, row)| Part::Key {
-                key: KeyRef {
-                    key: key.clone(),
-                    row: *row,
-                },
-                after: None,
-                rows: RUN,
-            }),
-    );
-    parts
-}
-
 impl Cursors {
+    /// Cursors that read ahead of the keys in flight (docs/design.md, "Ordering keys: rows
+    /// read ahead"): a key read from behind its tail reads a whole run, and the rows a claim
+    /// does not take are read by id by the next claims. For a database whose read costs
+    /// a member per key (MySQL/MariaDB); elsewhere the keys are one member and reading more
+    /// rows than a claim takes costs more than it saves.
+    pub fn reading_ahead() -> Cursors {
+        let c = Cursors::default();
+        c.lock().ahead = ReadAhead::on();
+        c
+    }
+
     /// What the next claim for `req` reads.
     pub fn plan(&self, req: &ClaimRequest) -> Planned {
         let mut s = self.lock();
@@ -375,6 +351,7 @@ impl Cursors {
                 s.freed.remove(&key.key);
             }
         }
+        s.ahead.learn(choice, claimed);
         if !looked {
             return;
         }
@@ -445,7 +422,7 @@ impl Cursors {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -453,7 +430,8 @@ mod tests {
     use crate::sink::Delivery;
     use crate::store::model::{Budgets, ClaimedRow, Resolution};
 
-    fn request() -> ClaimRequest {
+    /// A request for 10 rows of channel `hook`, no tails.
+    pub(crate) fn request() -> ClaimRequest {
         ClaimRequest {
             tails: Vec::new(),
             limit: 10,
@@ -473,7 +451,8 @@ mod tests {
         }
     }
 
-    fn row(id: i64) -> ClaimedRow {
+    /// Row `id` of key `k`, claimed.
+    pub(crate) fn row(id: i64) -> ClaimedRow {
         ClaimedRow {
             delivery: Delivery {
                 id,
@@ -514,7 +493,7 @@ mod tests {
     /// the next claim reads the key again rather than leaving it to the next full walk.
     #[test]
     fn a_key_freed_while_a_claim_ran_stays_freed() {
-        let c = Cursors::default();
+        let c = Cursors::reading_ahead();
         c.claimed(&Choice::default(), &[row(1), row(2)], true);
         c.completed(&[delivered(1)]);
         let read = keys_read(&c);
@@ -544,7 +523,7 @@ mod tests {
     /// reads the key again; a claim that got them uses it up.
     #[test]
     fn a_freeing_whose_chosen_rows_were_not_got_stays() {
-        let c = Cursors::default();
+        let c = Cursors::reading_ahead();
         c.claimed(&Choice::default(), &[row(1)], true);
         c.completed(&[delivered(1)]);
         let read = keys_read(&c);

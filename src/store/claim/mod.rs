@@ -24,6 +24,7 @@
 
 pub mod choose;
 pub mod cursor;
+pub mod keys;
 pub mod plan;
 pub mod read;
 pub mod returned;
@@ -108,6 +109,13 @@ pub trait ClaimSql: Send + Sync {
     /// small statement whose text does not change with their number.
     fn keys_at_once(&self, _db: &Db, _keys: &[read::KeyRead]) -> Option<Sql> {
         None
+    }
+
+    /// Whether claims read ahead of the keys in flight ([`Cursors::reading_ahead`]): where
+    /// each key is a member of the read, whose planning costs more than reading rows by id.
+    /// By default no.
+    fn reads_ahead(&self) -> bool {
+        false
     }
 
     /// The `FROM ... LIMIT` that reads up to `gap.rows` rows `o` that meet `claimable`, of
@@ -307,10 +315,11 @@ pub struct Claims {
 
 impl Claims {
     pub fn new(sql: Box<dyn ClaimSql>) -> Claims {
-        Claims {
-            sql,
-            cursors: Cursors::default(),
-        }
+        let cursors = match sql.reads_ahead() {
+            true => Cursors::reading_ahead(),
+            false => Cursors::default(),
+        };
+        Claims { sql, cursors }
     }
 
     /// The claim (`Queue::claim`): the read, the choice, the claim of the chosen rows, in id

@@ -76,6 +76,18 @@ pub enum Part {
         after: Option<i64>,
         rows: u32,
     },
+    /// Rows of an ordering key an earlier claim read right behind the key's tail in flight
+    /// (`after`) and did not take, read again by id (docs/design.md, "Ordering keys: rows
+    /// read ahead"): a key with rows ahead costs its claim no index walk of its own.
+    Known {
+        key: KeyRef,
+        after: i64,
+        /// The rows read now, in id order.
+        ids: Vec<i64>,
+        /// The rows known behind them, not read now (the claim's share of the key is
+        /// smaller): still ahead after the claim if every row read stays free.
+        more: Vec<i64>,
+    },
     /// Up to `rows` claimable rows of the channels strictly between `above` and `below`
     /// (unbounded where `None`), oldest first within a channel: the gaps between the channels
     /// the sinks serve hold the rows of channels no sink serves (and, for a request without

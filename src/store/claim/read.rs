@@ -5,6 +5,8 @@
 //! key) that the database is made to use (see each database's `ClaimSql`), so the read's cost
 //! follows the budget, not the table.
 
+use std::collections::HashMap;
+
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -37,9 +39,13 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
     };
     let mut members = Vec::with_capacity(parts.len());
     for (i, part) in parts.iter().enumerate() {
-        if at_once.is_none() || !matches!(part, Part::Key { .. }) {
+        let at_once = at_once.is_some() && matches!(part, Part::Key { .. });
+        if !at_once && !matches!(part, Part::Known { .. }) {
             members.push(sql.member(i, select(db, sql, i, part)));
         }
+    }
+    if let Some(known) = known_member(db, sql, parts) {
+        members.push(sql.member(parts.len() + 2, known));
     }
     if let Some(from) = at_once {
         let int = db.syntax().integer_type();
@@ -61,6 +67,36 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
     q
 }
 
+/// The member that reads the rows of every [`Part::Known`] by id, tagged as the first such
+/// part ([`decode`] hands each row to its own part): one primary-key look-up per row, where
+/// a member per key would cost the statement's planning a member each.
+fn known_member(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Option<Sql> {
+    let mut first = None;
+    let mut ids = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        if let Part::Known { ids: known, .. } = part {
+            first.get_or_insert(i);
+            ids.extend_from_slice(known);
+        }
+    }
+    let int = db.syntax().integer_type();
+    let mut q = fields(
+        db,
+        &format!("CAST({} AS {int})", first?),
+        &format!("CAST(1 AS {int})"),
+    );
+    q.append(by_id(db, sql, &ids));
+    Some(q)
+}
+
+/// The `FROM` that reads the unfinished rows `o` among `ids`.
+fn by_id(db: &Db, sql: &dyn ClaimSql, ids: &[i64]) -> Sql {
+    let mut q = Sql::new(&format!(" FROM {} o WHERE ", db.table()));
+    sql.one_of(&mut q, &format!("o.{}", db.cols().id), ids);
+    q.push(&format!(" AND {}", db.cols().open("o.")));
+    q
+}
+
 /// One key part of a read, for [`ClaimSql::keys_at_once`].
 pub struct KeyRead<'a> {
     /// The part's index.
@@ -76,7 +112,7 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
     let int = s.integer_type();
     let head = match (part, &c.ordering_key) {
         // A key part's first row is its key's first unfinished row.
-        (Part::Key { .. }, _) | (_, None) => format!("CAST(1 AS {int})"),
+        (Part::Key { .. } | Part::Known { .. }, _) | (_, None) => format!("CAST(1 AS {int})"),
         (_, Some(k)) => format!(
             "CAST(CASE WHEN o.{k} IS NULL THEN 1 WHEN {} THEN 1 ELSE 0 END AS {int})",
             sql.head(db, "o.")
@@ -103,6 +139,7 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
             )
         }
         Part::Key { key, after, rows } => sql.key_rows(db, key, *after, *rows),
+        Part::Known { ids, .. } => by_id(db, sql, ids),
         Part::Others {
             above,
             below,
@@ -168,10 +205,26 @@ pub fn value(rows: &[AnyRow], part: usize) -> Option<i64> {
 pub fn decode(rows: &[AnyRow], parts: &[Part]) -> Vec<(Part, Vec<Candidate>)> {
     let mut out: Vec<(Part, Vec<Candidate>)> =
         parts.iter().map(|p| (p.clone(), Vec::new())).collect();
+    // The rows read by id, by id: the known member tags them all as the first known part.
+    let known: HashMap<i64, usize> = parts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| match p {
+            Part::Known { ids, .. } => Some(ids.iter().map(move |id| (*id, i))),
+            _ => None,
+        })
+        .flatten()
+        .collect();
     for row in rows {
-        let Some((part, candidate)) = candidate(row) else {
+        let Some((mut part, candidate)) = candidate(row) else {
             continue;
         };
+        if matches!(parts.get(part), Some(Part::Known { .. })) {
+            match known.get(&candidate.id) {
+                Some(&own) => part = own,
+                None => continue,
+            }
+        }
         if let Some((_, list)) = out.get_mut(part) {
             list.push(candidate);
         }

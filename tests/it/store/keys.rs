@@ -373,3 +373,65 @@ async fn a_claim_of_more_keys_than_one_check_reads_takes_every_head() {
     assert_eq!(keys.len(), got.len(), "one row of each key");
     td.drop_table().await;
 }
+
+per_db!(a_row_that_appears_between_rows_read_ahead_is_not_passed);
+/// Rows read ahead (docs/design.md, "Ordering keys: rows read ahead"): a claim that extends a
+/// key behind its tail may take rows an earlier claim read and did not take. A row of the key
+/// that appears between them afterwards (a transaction that committed late, with a lower id)
+/// is not passed: each claim takes only rows right behind its tail, and the row that appeared
+/// goes out in its place in the key's order.
+async fn a_row_that_appears_between_rows_read_ahead_is_not_passed(db: Db) {
+    let Some(td) = TestDb::open(db, "st_ahead").await else {
+        return;
+    };
+    let store = td.store.clone();
+    // The key's rows with a free id after each (the other key's rows, deleted).
+    let both = enqueue_keyed(&td, 40, |i| if i % 2 == 0 { "k" } else { "x" }.into()).await;
+    let (rows, gaps): (Vec<i64>, Vec<i64>) = both.chunks(2).map(|p| (p[0], p[1])).unzip();
+    let list: Vec<String> = gaps.iter().map(i64::to_string).collect();
+    td.exec(&format!(
+        "DELETE FROM {} WHERE id IN ({})",
+        td.table,
+        list.join(", ")
+    ))
+    .await;
+    let tail = |row: i64| ClaimRequest {
+        tails: vec![Tail {
+            key: "k".into(),
+            row,
+            channel: "hook".into(),
+        }],
+        ..hook_request(2, "a")
+    };
+    let got = bounded("claim", store.claim(&hook_request(1, "a"))).await;
+    assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
+    // Two rows behind the tail: MySQL/MariaDB read the rest of the run ahead.
+    let got = bounded("claim", store.claim(&tail(rows[0]))).await;
+    assert_eq!(ids(&got), rows[1..3].to_vec(), "the rows behind the tail");
+    // A row of the key appears right behind the next one.
+    let late = gaps[3];
+    td.exec(&format!(
+        "INSERT INTO {} (id, channel, payload, ordering_key) VALUES ({late}, 'hook', '{{}}', 'k')",
+        td.table
+    ))
+    .await;
+    let mut order = vec![rows[3], late];
+    order.extend(&rows[4..]);
+    let (mut taken, mut last): (Vec<i64>, i64) = (Vec::new(), rows[2]);
+    for _ in 0..4 {
+        let got = ids(&bounded("claim", store.claim(&tail(last))).await);
+        assert!(!got.is_empty(), "a claim behind {last} took nothing");
+        taken.extend(&got);
+        last = *got.last().unwrap_or(&last);
+    }
+    assert_eq!(
+        taken,
+        order[..taken.len()].to_vec(),
+        "the key's rows in id order from behind the tail, {late} in its place"
+    );
+    assert!(
+        taken.len() >= 4,
+        "the claims went on past {late}: {taken:?}"
+    );
+    td.drop_table().await;
+}
