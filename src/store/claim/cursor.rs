@@ -65,6 +65,10 @@ pub struct Planned {
     pub parts: Vec<Part>,
     /// When the full walk this read makes was planned (`None`: it makes none).
     pub full_walk: Option<Instant>,
+    /// The ordering keys of this store's rows in flight, sorted: the windows that are not a
+    /// full walk's take their rows as behind an earlier row without looking it up
+    /// (docs/design.md, "Ordering keys: windows past keys in flight").
+    pub busy: Vec<String>,
 }
 
 /// Something of this store's that comes due later.
@@ -150,6 +154,20 @@ impl Channel {
 }
 
 impl State {
+    /// The ordering keys of the rows in flight, sorted, once each. Each such row frees its
+    /// key when its result is written (or when the retry it was sent back for comes due), so
+    /// a row a window passes as behind one of them is read again through its freed key.
+    fn busy_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self
+            .in_flight
+            .values()
+            .filter_map(|(_, key)| key.clone())
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+
     /// Serves what came due by `now`: keys are freed, floors lowered.
     fn serve_due(&mut self, now: Instant) {
         while let Some(entry) = self.due.first_entry() {
@@ -274,6 +292,7 @@ impl Cursors {
         Planned {
             parts: s.parts(req, now, full),
             full_walk: full.then_some(now),
+            busy: s.busy_keys(),
         }
     }
 
@@ -287,6 +306,7 @@ impl Cursors {
         Planned {
             parts: s.parts(req, now, full),
             full_walk: full.then_some(now),
+            busy: s.busy_keys(),
         }
     }
 
@@ -422,51 +442,12 @@ impl Cursors {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use std::sync::Arc;
-    use std::time::Duration;
 
     use super::*;
-    use crate::sink::Delivery;
-    use crate::store::model::{Budgets, ClaimedRow, Resolution};
-
-    /// A request for 10 rows of channel `hook`, no tails.
-    pub(crate) fn request() -> ClaimRequest {
-        ClaimRequest {
-            tails: Vec::new(),
-            limit: 10,
-            ttl: Duration::from_secs(30),
-            claimer: "test".into(),
-            token: Arc::from("t"),
-            fence: None,
-            alone: true,
-            exclude_channels: Vec::new(),
-            max_payload_bytes: None,
-            newest: false,
-            budgets: Some(Budgets {
-                channels: vec![("hook".into(), 10)],
-                others: None,
-            }),
-            trace: false,
-        }
-    }
-
-    /// Row `id` of key `k`, claimed.
-    pub(crate) fn row(id: i64) -> ClaimedRow {
-        ClaimedRow {
-            delivery: Delivery {
-                id,
-                channel: "hook".into(),
-                recipient: None,
-                payload: "{}".into(),
-                attempts: 0,
-                trace: None,
-            },
-            ordering_key: Some("k".into()),
-            age_at_claim: Duration::ZERO,
-            undeliverable: None,
-        }
-    }
+    use crate::store::claim::fixtures::{request, row};
+    use crate::store::model::Resolution;
 
     fn delivered(id: i64) -> Completion {
         Completion {

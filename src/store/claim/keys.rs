@@ -146,7 +146,7 @@ pub fn key_parts(
 mod tests {
     use super::*;
     use crate::store::claim::choose::{self, KeyFate};
-    use crate::store::claim::cursor::{self, tests::row};
+    use crate::store::claim::fixtures::{self, row};
     use crate::store::model::Tail;
 
     fn request(tail: i64) -> ClaimRequest {
@@ -156,7 +156,7 @@ mod tests {
                 row: tail,
                 channel: "hook".into(),
             }],
-            ..cursor::tests::request()
+            ..fixtures::request()
         }
     }
 

@@ -24,6 +24,8 @@
 
 pub mod choose;
 pub mod cursor;
+#[cfg(test)]
+mod fixtures;
 pub mod keys;
 pub mod plan;
 pub mod read;
@@ -37,7 +39,7 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use self::choose::{Candidate, Choice, choose};
-use self::cursor::Cursors;
+use self::cursor::{Cursors, Planned};
 use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
 use self::returned::to_claimed;
@@ -169,6 +171,13 @@ pub trait ClaimSql: Send + Sync {
     /// step or two whatever is queued behind the key. By default: no earlier row.
     fn head(&self, db: &Db, a: &str) -> String {
         format!("{} IS NULL", self.earlier(db, a))
+    }
+
+    /// Appends the condition that text `e` is one of `keys` (ordering keys as text). By
+    /// default an `IN` list of placeholders.
+    fn one_of_keys(&self, q: &mut Sql, e: &str, keys: &[String]) {
+        q.push(&format!("{e} IN ("));
+        q.texts(keys).push(")");
     }
 
     /// Appends the condition that `e` is one of `ids` (integers of the relay's own). By
@@ -332,7 +341,7 @@ impl Claims {
         let planned = self.cursors.plan(req);
         let _writing = db.writing().await;
         let mut left = budgets(req);
-        let mut found = self.read_all(db, &planned.parts, &left).await?;
+        let mut found = self.read_all(db, &planned, &left).await?;
         let mut claimed: Vec<ClaimedRow> = Vec::new();
         let mut choice = Choice::default();
         let mut chose_any = false;
@@ -368,13 +377,13 @@ impl Claims {
     async fn read_all(
         &self,
         db: &Db,
-        parts: &[Part],
+        planned: &Planned,
         budgets: &[plan::Budget],
     ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
         let mut found = Vec::new();
-        let mut parts = parts.to_vec();
+        let mut parts = planned.parts.clone();
         for _ in 0..READS {
-            found.extend(self.read(db, &parts).await?);
+            found.extend(self.read(db, &parts, &planned.busy).await?);
             parts = read_on(&choose(&found, budgets, RUN));
             if parts.is_empty() {
                 break;
@@ -383,12 +392,17 @@ impl Claims {
         Ok(found)
     }
 
-    /// The read of `parts`, per part.
-    async fn read(&self, db: &Db, parts: &[Part]) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
+    /// The read of `parts`, per part, passing rows of the `busy` keys (see [`read::statement`]).
+    async fn read(
+        &self,
+        db: &Db,
+        parts: &[Part],
+        busy: &[String],
+    ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
         if parts.is_empty() {
             return Ok(Vec::new());
         }
-        let q = read::statement(db, &*self.sql, parts);
+        let q = read::statement(db, &*self.sql, parts, busy);
         let rows = db.query(q).fetch_all(db.pool()).await?;
         Ok(read::decode(&rows, parts))
     }
@@ -403,7 +417,7 @@ impl Claims {
         let planned = self.cursors.peek(req);
         let parts = &planned.parts;
         let quiet = self.sql.quiet_ms(db);
-        let mut q = read::statement(db, &*self.sql, parts);
+        let mut q = read::statement(db, &*self.sql, parts, &planned.busy);
         if let Some(expr) = &quiet {
             read::add_value(db, &mut q, parts.len(), expr);
         }

@@ -18,8 +18,12 @@ use crate::store::sql::Sql;
 
 /// The read of `parts`: one `UNION ALL` of a `SELECT` per part, each row tagged with its
 /// part's index; where the database reads several keys at once
-/// ([`ClaimSql::keys_at_once`]), the key parts are one member.
-pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
+/// ([`ClaimSql::keys_at_once`]), the key parts are one member. A window that is not a full
+/// walk's takes a row of one of the `busy` keys (this store's keys with rows in flight) as
+/// behind an earlier row without looking that up: in a backlog of keys in flight most rows
+/// a window passes are such rows, and the look-up was most of its cost (docs/design.md,
+/// "Ordering keys: windows past keys in flight").
+pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part], busy: &[String]) -> Sql {
     let keys: Vec<KeyRead> = parts
         .iter()
         .enumerate()
@@ -41,7 +45,7 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
     for (i, part) in parts.iter().enumerate() {
         let at_once = at_once.is_some() && matches!(part, Part::Key { .. });
         if !at_once && !matches!(part, Part::Known { .. }) {
-            members.push(sql.member(i, select(db, sql, i, part)));
+            members.push(sql.member(i, select(db, sql, i, part, busy)));
         }
     }
     if let Some(known) = known_member(db, sql, parts) {
@@ -52,7 +56,7 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Sql {
         let mut q = fields(
             db,
             &format!("CAST(kp.part AS {int})"),
-            &format!("CAST(1 AS {int})"),
+            Sql::new(&format!("CAST(1 AS {int})")),
         );
         q.append(from);
         members.push(sql.member(parts.len() + 1, q));
@@ -83,7 +87,7 @@ fn known_member(db: &Db, sql: &dyn ClaimSql, parts: &[Part]) -> Option<Sql> {
     let mut q = fields(
         db,
         &format!("CAST({} AS {int})", first?),
-        &format!("CAST(1 AS {int})"),
+        Sql::new(&format!("CAST(1 AS {int})")),
     );
     q.append(by_id(db, sql, &ids));
     Some(q)
@@ -107,18 +111,29 @@ pub struct KeyRead<'a> {
 }
 
 /// One part's `SELECT`.
-fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
+fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part, busy: &[String]) -> Sql {
     let (s, c) = (db.syntax(), db.cols());
     let int = s.integer_type();
-    let head = match (part, &c.ordering_key) {
+    let mut head = Sql::default();
+    match (part, &c.ordering_key) {
         // A key part's first row is its key's first unfinished row.
-        (Part::Key { .. } | Part::Known { .. }, _) | (_, None) => format!("CAST(1 AS {int})"),
-        (_, Some(k)) => format!(
-            "CAST(CASE WHEN o.{k} IS NULL THEN 1 WHEN {} THEN 1 ELSE 0 END AS {int})",
-            sql.head(db, "o.")
-        ),
+        (Part::Key { .. } | Part::Known { .. }, _) | (_, None) => {
+            head.push(&format!("CAST(1 AS {int})"));
+        }
+        (_, Some(k)) => {
+            head.push(&format!("CAST(CASE WHEN o.{k} IS NULL THEN 1 "));
+            if !busy.is_empty() && matches!(part, Part::Window { sweep: false, .. }) {
+                head.push("WHEN ");
+                sql.one_of_keys(&mut head, &c.text_or_null("o.", &c.ordering_key, s), busy);
+                head.push(" THEN 0 ");
+            }
+            head.push(&format!(
+                "WHEN {} THEN 1 ELSE 0 END AS {int})",
+                sql.head(db, "o.")
+            ));
+        }
     };
-    let mut q = fields(db, &format!("CAST({i} AS {int})"), &head);
+    let mut q = fields(db, &format!("CAST({i} AS {int})"), head);
     q.append(match part {
         Part::Window {
             channel,
@@ -159,7 +174,7 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part) -> Sql {
 
 /// A read's select list for rows `o`: the part (`part`), id, channel and key as text, whether
 /// the row is free (due, under no live claim), and whether it is its key's head (`head`).
-fn fields(db: &Db, part: &str, head: &str) -> Sql {
+fn fields(db: &Db, part: &str, head: Sql) -> Sql {
     let (s, c) = (db.syntax(), db.cols());
     let channel = s.claim_text(&s.cast_text(&c.channel("o.")));
     let key = s.claim_text(&c.text_or_null("o.", &c.ordering_key, s));
@@ -170,11 +185,13 @@ fn fields(db: &Db, part: &str, head: &str) -> Sql {
         c.due("o.", s),
         s.now()
     );
-    Sql::new(&format!(
+    let mut q = Sql::new(&format!(
         "SELECT {part} AS part, CAST(o.{id} AS {int}) AS id, {channel} AS channel, \
-         {key} AS okey, {free} AS free, {head} AS head",
+         {key} AS okey, {free} AS free, ",
         id = c.id
-    ))
+    ));
+    q.append(head).push(" AS head");
+    q
 }
 
 /// The condition that row `o` is claimable on its own: unfinished, due, under no live claim,

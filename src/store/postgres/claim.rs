@@ -116,6 +116,14 @@ impl ClaimSql for Postgres {
         id_array(q, ids.iter().copied()).push(")");
     }
 
+    /// The keys as one JSON value, as a hashed subplan: the text stays the same for any
+    /// number of them, and each row's test is a hash probe.
+    fn one_of_keys(&self, q: &mut Sql, e: &str, keys: &[String]) {
+        q.push(&format!("{e} IN (SELECT jsonb_array_elements_text(CAST("))
+            .text(&serde_json::json!(keys).to_string())
+            .push(" AS jsonb)))");
+    }
+
     fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
         Box::pin(async move {
             let (t, id) = (db.table(), &db.cols().id);

@@ -55,6 +55,14 @@ impl ClaimSql for SqliteClaims {
         Some(q)
     }
 
+    /// The keys as one JSON value: the statement's text stays the same for any number of
+    /// them.
+    fn one_of_keys(&self, q: &mut Sql, e: &str, keys: &[String]) {
+        q.push(&format!("{e} IN (SELECT value FROM json_each("))
+            .text(&serde_json::json!(keys).to_string())
+            .push("))");
+    }
+
     /// One `UPDATE ... RETURNING` of the chosen rows still claimable; in leader mode the
     /// statement checks the lease epoch itself (it runs under the database's single write
     /// lock, so the check and the claim cannot disagree).

@@ -435,3 +435,43 @@ async fn a_row_that_appears_between_rows_read_ahead_is_not_passed(db: Db) {
     );
     td.drop_table().await;
 }
+
+per_db!(a_row_passed_behind_a_key_in_flight_is_claimed_once_the_key_is_freed);
+/// A window takes a row of a key this store has rows in flight of as behind an earlier row,
+/// without looking that up (docs/design.md, "Ordering keys: windows past keys in flight"), and its floor
+/// passes it. Such a row is not lost: the key's rows in flight free it when they finish, and
+/// the next claim reads the key from its first unfinished row. Here the row appears below
+/// the row in flight (a transaction that committed late, with a lower id).
+async fn a_row_passed_behind_a_key_in_flight_is_claimed_once_the_key_is_freed(db: Db) {
+    let Some(td) = TestDb::open(db, "st_busy").await else {
+        return;
+    };
+    let store = td.store.clone();
+    store.hold_full_walks(Duration::from_secs(60));
+    let gap = td.enqueue("hook", "{}", Some("x")).await;
+    let rows = enqueue_keyed(&td, 2, |_| "k".into()).await;
+    td.exec(&format!("DELETE FROM {} WHERE id = {gap}", td.table))
+        .await;
+    let first = hook_request(1, "a");
+    let head = bounded("claim", store.claim(&first)).await;
+    assert_eq!(ids(&head), rows[..1].to_vec(), "the key's head");
+    td.exec(&format!(
+        "INSERT INTO {} (id, channel, payload, ordering_key) VALUES ({gap}, 'hook', '{{}}', 'k')",
+        td.table
+    ))
+    .await;
+    let got = bounded("claim", store.claim(&hook_request(4, "a"))).await;
+    assert!(
+        got.is_empty(),
+        "{gap} is behind the key's row in flight: {:?}",
+        ids(&got)
+    );
+    deliver(&td, &first, &head).await;
+    let got = bounded("claim", store.claim(&hook_request(4, "a"))).await;
+    assert_eq!(
+        ids(&got),
+        vec![gap, rows[1]],
+        "the key's rows from its first unfinished row, once it is freed"
+    );
+    td.drop_table().await;
+}
