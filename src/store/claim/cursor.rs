@@ -49,6 +49,9 @@ const WALK_COST_SHARE: u32 = 20;
 const DUE_REMEMBERED: usize = 10_000;
 /// How many freed keys are remembered; beyond it, a key waits for the full walk.
 const FREED_REMEMBERED: usize = 10_000;
+/// How many keys in flight a read passes without a head look-up (each is a bound value of
+/// every window of the read; MySQL takes at most 65,535 in a statement).
+const BUSY_KEYS: usize = 1_024;
 /// How long a floor learnt from a window that reached a channel's newest row waits before it
 /// is used. Ids are handed out when rows are inserted, not when their transactions commit, so
 /// a row with a lower id can still appear after a claim read: a floor is used only once
@@ -154,9 +157,11 @@ impl Channel {
 }
 
 impl State {
-    /// The ordering keys of the rows in flight, sorted, once each. Each such row frees its
-    /// key when its result is written (or when the retry it was sent back for comes due), so
-    /// a row a window passes as behind one of them is read again through its freed key.
+    /// The ordering keys of the rows in flight, sorted, once each, at most [`BUSY_KEYS`]
+    /// (any of them will do: a row of a key left out is looked up as before). Each such row
+    /// frees its key when its result is written (or when the retry it was sent back for
+    /// comes due), so a row a window passes as behind one of them is read again through its
+    /// freed key.
     fn busy_keys(&self) -> Vec<String> {
         let mut keys: Vec<String> = self
             .in_flight
@@ -165,6 +170,7 @@ impl State {
             .collect();
         keys.sort_unstable();
         keys.dedup();
+        keys.truncate(BUSY_KEYS);
         keys
     }
 
@@ -455,6 +461,29 @@ mod tests {
             token: Arc::from("t"),
             resolution: Resolution::Delivered,
         }
+    }
+
+    /// The keys of the rows in flight go with each plan, once each, sorted, at most
+    /// [`BUSY_KEYS`]; a key whose rows all finished is not among them.
+    #[test]
+    fn a_plan_names_the_keys_in_flight() {
+        let c = Cursors::default();
+        let keyed = |i: i64| ClaimedRow {
+            ordering_key: Some(format!("k{}", i % 3)),
+            ..row(i)
+        };
+        c.claimed(&Choice::default(), &[keyed(1), keyed(2), keyed(4)], true);
+        assert_eq!(c.plan(&request()).busy, ["k1", "k2"]);
+        c.completed(&[delivered(2)]);
+        assert_eq!(c.plan(&request()).busy, ["k1"]);
+        let many: Vec<ClaimedRow> = (0..3_000)
+            .map(|i| ClaimedRow {
+                ordering_key: Some(format!("w{i}")),
+                ..row(i + 10)
+            })
+            .collect();
+        c.claimed(&Choice::default(), &many, true);
+        assert_eq!(c.plan(&request()).busy.len(), BUSY_KEYS);
     }
 
     /// The freed keys the next claim of `c` reads.
