@@ -165,6 +165,15 @@ async fn enqueue_keyed(td: &TestDb, n: usize, key: impl Fn(usize) -> String) -> 
     ids
 }
 
+/// Inserts a row of channel `hook` and key `key` with the id `id` (a free id below rows
+/// already there): a transaction that committed late, as the claims see it.
+async fn appears_late(td: &TestDb, id: i64, key: &str) {
+    td.exec(&format!(
+        "INSERT INTO {{t}} (id, channel, payload, ordering_key) VALUES ({id}, 'hook', '{{}}', '{key}')"
+    ))
+    .await;
+}
+
 /// Delivers `rows` (claimed by `req`).
 async fn deliver(td: &TestDb, req: &ClaimRequest, rows: &[ClaimedRow]) {
     let done: Vec<Completion> = rows
@@ -410,11 +419,7 @@ async fn a_row_that_appears_between_rows_read_ahead_is_not_passed(db: Db) {
     assert_eq!(ids(&got), rows[1..3].to_vec(), "the rows behind the tail");
     // A row of the key appears right behind the next one.
     let late = gaps[3];
-    td.exec(&format!(
-        "INSERT INTO {} (id, channel, payload, ordering_key) VALUES ({late}, 'hook', '{{}}', 'k')",
-        td.table
-    ))
-    .await;
+    appears_late(&td, late, "k").await;
     let mut order = vec![rows[3], late];
     order.extend(&rows[4..]);
     let (mut taken, mut last): (Vec<i64>, i64) = (Vec::new(), rows[2]);
@@ -438,8 +443,8 @@ async fn a_row_that_appears_between_rows_read_ahead_is_not_passed(db: Db) {
 
 per_db!(a_row_passed_behind_a_key_in_flight_is_claimed_once_the_key_is_freed);
 /// A window takes a row of a key this store has rows in flight of as behind an earlier row,
-/// without looking that up (docs/design.md, "Ordering keys: windows past keys in flight"), and its floor
-/// passes it. Such a row is not lost: the key's rows in flight free it when they finish, and
+/// without looking that up (docs/design.md, "Ordering keys: windows past keys in flight"),
+/// and its floor passes it. Such a row is not lost: the key's rows in flight free it when they finish, and
 /// the next claim reads the key from its first unfinished row. Here the row appears below
 /// the row in flight (a transaction that committed late, with a lower id).
 async fn a_row_passed_behind_a_key_in_flight_is_claimed_once_the_key_is_freed(db: Db) {
@@ -455,11 +460,7 @@ async fn a_row_passed_behind_a_key_in_flight_is_claimed_once_the_key_is_freed(db
     let first = hook_request(1, "a");
     let head = bounded("claim", store.claim(&first)).await;
     assert_eq!(ids(&head), rows[..1].to_vec(), "the key's head");
-    td.exec(&format!(
-        "INSERT INTO {} (id, channel, payload, ordering_key) VALUES ({gap}, 'hook', '{{}}', 'k')",
-        td.table
-    ))
-    .await;
+    appears_late(&td, gap, "k").await;
     let got = bounded("claim", store.claim(&hook_request(4, "a"))).await;
     assert!(
         got.is_empty(),
