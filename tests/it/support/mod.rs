@@ -16,6 +16,7 @@ pub mod process;
 pub mod receiver;
 pub mod redis;
 pub mod storm;
+pub mod sweep;
 pub mod vendors;
 pub mod wait;
 pub mod webdriver;
@@ -94,7 +95,9 @@ impl TestDb {
     pub async fn open(db: Db, prefix: &str) -> Option<TestDb> {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = db.url(dir.path());
-        TestDb::open_in(db, url, dir, prefix).await
+        let td = TestDb::open_in(db, url, dir, prefix).await?;
+        sweep::once(db, td.store.pool()).await;
+        Some(td)
     }
 
     /// [`TestDb::open`] on the server at `url` (a server of the test's own).
