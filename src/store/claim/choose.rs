@@ -14,9 +14,7 @@
 //! What the claim learns for the floors: how far each oldest window looked with every row
 //! settled (taken, or not claimable), so that the next claim reads on from there.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
-
+use super::fx::{Fast, Ids};
 use super::plan::{Budget, KeyRef, Part};
 
 /// One row a claim's read found.
@@ -31,6 +29,9 @@ pub struct Candidate {
     pub free: bool,
     /// No earlier unfinished row of its ordering key (every unkeyed row is a head).
     pub head: bool,
+    /// A keyed head known to have no later unfinished row of its key either (where the
+    /// database reads ahead, `ClaimSql::last_of_key`).
+    pub last: bool,
 }
 
 impl Candidate {
@@ -87,8 +88,12 @@ pub struct Choice {
     pub keys: Vec<(KeyRef, KeyFate)>,
     /// The rows taken from newest windows (they count against the newest share).
     pub newest: Vec<i64>,
-    /// Per key read, the rows it read and did not take, right behind those it took.
+    /// Per key read, the rows it read and did not take, right behind those it took (none:
+    /// the part read the key behind a tail and found no row at all).
     pub ahead: Vec<Ahead>,
+    /// The ordering keys of the rows the channels' windows read: a key read as empty behind
+    /// its tail that has a row here is read again.
+    pub window_keys: Vec<String>,
 }
 
 /// Rows of a key a claim read and did not take, in id order, each free when read, right
@@ -104,9 +109,10 @@ pub struct Ahead {
     pub rows: Vec<i64>,
 }
 
-/// A key part as the chooser sees it: the key, where it read from, the rows it read and the
-/// rows known behind them that it did not read.
-type KeyRows<'a> = (&'a KeyRef, Option<i64>, &'a [Candidate], &'a [i64]);
+/// A key part as the chooser sees it: the key, where it read from, the rows it read, the
+/// rows known behind them that it did not read, and whether it read the key itself (a
+/// [`Part::Key`]; a [`Part::Known`] reads rows by id).
+type KeyRows<'a> = (&'a KeyRef, Option<i64>, &'a [Candidate], &'a [i64], bool);
 
 /// Chooses from `found` (each part's rows, in the part's order: ascending ids, descending
 /// for a newest window) within `budgets`, at most `run` rows per key; the [`Part::Others`]
@@ -133,10 +139,10 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
     let keys: Vec<KeyRows> = found
         .iter()
         .filter_map(|(part, rows)| match part {
-            Part::Key { key, after, .. } => Some((key, *after, rows.as_slice(), &[][..])),
+            Part::Key { key, after, .. } => Some((key, *after, rows.as_slice(), &[][..], true)),
             Part::Known {
                 key, after, more, ..
-            } => Some((key, Some(*after), rows.as_slice(), more.as_slice())),
+            } => Some((key, Some(*after), rows.as_slice(), more.as_slice(), false)),
             _ => None,
         })
         .collect();
@@ -190,50 +196,6 @@ struct Chooser {
     choice: Choice,
 }
 
-/// The chooser's maps, hashed by [`Fx`]: every candidate a claim read is looked up in them
-/// several times, and with the default SipHash those look-ups were about 2% of the relay's
-/// instructions per delivered row (callgrind, PostgreSQL drain against Node).
-type Fast<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
-type Ids = HashSet<i64, BuildHasherDefault<Fx>>;
-
-/// A multiply-rotate hasher (the Fx hash of rustc). Not resistant to chosen collisions, which
-/// is fine here: the keys are the row ids the database assigned and the channel names of the
-/// configured sinks' budgets, in maps that live for one claim.
-#[derive(Default)]
-struct Fx(u64);
-
-impl Fx {
-    fn add(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for Fx {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.add(u64::from_le_bytes(word));
-        }
-    }
-
-    fn write_u8(&mut self, n: u8) {
-        self.add(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.add(n);
-    }
-
-    fn write_i64(&mut self, n: i64) {
-        self.add(n as u64);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 impl Chooser {
     /// Takes `row` if its channel has budget left (of its oldest share when `oldest`).
     fn take(&mut self, row: &Candidate, oldest: bool) -> bool {
@@ -261,7 +223,7 @@ impl Chooser {
         // Per key, its own rows in id order, and whether its run is still growing.
         let mut runs: Vec<(Vec<&Candidate>, Vec<i64>, bool)> = keys
             .iter()
-            .map(|(key, _, rows, _)| {
+            .map(|(key, _, rows, _, _)| {
                 let own: Vec<&Candidate> = rows
                     .iter()
                     .filter(|r| r.key.as_deref() == Some(key.key.as_str()))
@@ -281,7 +243,7 @@ impl Chooser {
                 }
             }
         }
-        for ((key, after, _, more), (own, ids, _)) in keys.iter().zip(runs) {
+        for ((key, after, _, more, whole), (own, ids, _)) in keys.iter().zip(runs) {
             let fate = match (own.first(), ids.len()) {
                 (_, 1..) => KeyFate::Taken,
                 (Some(head), 0) if head.claimable() => KeyFate::Deferred,
@@ -292,7 +254,10 @@ impl Chooser {
             if ahead.len() == rest.len() {
                 ahead.extend_from_slice(more);
             }
-            if !ahead.is_empty() {
+            // Nothing at all behind a tail: the key is known to be empty there, which spares
+            // the next claims that read (see `keys::ReadAhead::empty_behind`).
+            let empty_behind = *whole && own.is_empty() && after.is_some();
+            if !ahead.is_empty() || empty_behind {
                 self.choice.ahead.push(Ahead {
                     key: key.key.clone(),
                     took: ids.clone(),
@@ -324,12 +289,15 @@ impl Chooser {
         let mut settled = from;
         let mut took = 0;
         let mut open = true;
+        let keys = rows.iter().filter_map(|r| r.key.clone());
+        self.choice.window_keys.extend(keys);
         for row in &rows {
             if row.claimable() {
                 if !open || !self.take(row, true) {
                     open = false;
                     continue;
                 }
+                self.alone(row);
                 took += 1;
             }
             if open {
@@ -353,19 +321,37 @@ impl Chooser {
     /// A newest window: its claimable rows, newest first, while the channel's newest share
     /// lasts.
     fn newest(&mut self, channel: &str, rows: &[Candidate]) {
-        for row in rows
+        let rows: Vec<&Candidate> = rows
             .iter()
             .filter(|r| r.channel.as_deref() == Some(channel))
-        {
+            .collect();
+        let keys = rows.iter().filter_map(|r| r.key.clone());
+        self.choice.window_keys.extend(keys);
+        for row in rows {
             if self.newest_left.get(channel).copied().unwrap_or(0) == 0 {
                 return;
             }
             if row.claimable() && !self.taken.contains(&row.id) && self.take(row, false) {
+                self.alone(row);
                 if let Some(n) = self.newest_left.get_mut(channel) {
                     *n -= 1;
                 }
                 self.choice.newest.push(row.id);
             }
+        }
+    }
+
+    /// A row taken that is the only unfinished row of its key: its key is known to be empty
+    /// behind it (an [`Ahead`] with no rows), and need not be read there while it is in
+    /// flight.
+    fn alone(&mut self, row: &Candidate) {
+        if let (true, Some(key)) = (row.last, &row.key) {
+            self.choice.ahead.push(Ahead {
+                key: key.clone(),
+                took: vec![row.id],
+                after: None,
+                rows: Vec::new(),
+            });
         }
     }
 
@@ -394,6 +380,7 @@ mod tests {
             key: key.map(String::from),
             free,
             head,
+            last: false,
         }
     }
 
@@ -540,6 +527,29 @@ mod tests {
         };
         let c = choose(&[(part, rows)], &budget(2, 0), 8);
         assert_eq!(c.ahead[0].rows, [13]);
+    }
+
+    /// A window's head known to be its key's only unfinished row marks its key empty behind
+    /// it (and only if taken); every key a window read is listed.
+    #[test]
+    fn a_taken_head_that_is_its_keys_last_row_marks_the_key_empty_behind_it() {
+        let mut rows = vec![
+            row(1, Some("k"), true, true),
+            row(2, Some("j"), true, true),
+            row(3, Some("i"), true, true),
+        ];
+        rows[0].last = true;
+        rows[2].last = true;
+        let c = choose(&[(window(None, 3), rows)], &budget(2, 0), 8);
+        assert_eq!(c.ids, [1, 2]);
+        let empty = Ahead {
+            key: "k".into(),
+            took: vec![1],
+            after: None,
+            rows: vec![],
+        };
+        assert_eq!(c.ahead, [empty], "3 is the last of `i` but not taken");
+        assert_eq!(c.window_keys, ["k", "j", "i"]);
     }
 
     #[test]

@@ -256,7 +256,11 @@ impl State {
         }
         if req.budgets.is_some() {
             self.ahead.forget_beyond(req);
-            parts.extend(key_parts(req, &self.freed, &self.ahead));
+            // A key freed by the tail it was read as empty behind has nothing to read.
+            let ahead = &self.ahead;
+            self.freed
+                .retain(|key, row| !ahead.empty_behind(key, *row, now));
+            parts.extend(key_parts(req, &self.freed, &self.ahead, now));
         }
         match &req.budgets {
             Some(b) => {

@@ -8,11 +8,12 @@
 //! as a claim of the key does not get every row it took or the tail moves elsewhere.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use super::RUN;
 use super::choose::Choice;
 use super::plan::{KeyRef, Part};
-use crate::store::model::{ClaimRequest, ClaimedRow};
+use crate::store::model::{ClaimRequest, ClaimedRow, Tail};
 
 /// How many keys one claim reads (each is one bounded part of its read).
 const KEYS_PER_CLAIM: usize = 128;
@@ -20,12 +21,21 @@ const KEYS_PER_CLAIM: usize = 128;
 /// forgotten.
 const AHEAD_REMEMBERED: usize = 1_024;
 
+/// How long a key read as empty behind its tail is not read again while that tail is in
+/// flight or just freed, unless a window reads a row of it meanwhile. A key per aggregate
+/// (most keys one row) had each claim read 128 such keys, a member each, for nothing: on
+/// MariaDB a 60 KB read of 4-12 ms a claim (docs/design.md, "Ordering keys: keys read as
+/// empty").
+const EMPTY_FOR: Duration = Duration::from_millis(100);
+
 /// A key's next rows read ahead: the rows right behind `after`, the key's last row in flight
-/// when they were read, in id order.
+/// when they were read, in id order (none: the key had no unfinished row behind it), and
+/// when.
 #[derive(Debug, Clone)]
 struct Ahead {
     after: i64,
     rows: Vec<i64>,
+    at: Instant,
 }
 
 /// The rows read ahead, per key with rows in flight; nothing unless [`ReadAhead::on`].
@@ -55,6 +65,14 @@ impl ReadAhead {
         for (key, _) in &choice.keys {
             self.keys.remove(&key.key);
         }
+        // A window read a row of a key known as empty: it is empty no longer, or the row was
+        // passed as behind the key's tail ("windows past keys in flight").
+        for key in &choice.window_keys {
+            if self.keys.get(key).is_some_and(|a| a.rows.is_empty()) {
+                self.keys.remove(key);
+            }
+        }
+        let at = Instant::now();
         let got: HashSet<i64> = claimed.iter().map(|r| r.delivery.id).collect();
         for a in &choice.ahead {
             let after = match a.took.last() {
@@ -66,8 +84,20 @@ impl ReadAhead {
                 },
             };
             let rows = a.rows.clone();
-            self.keys.insert(a.key.clone(), Ahead { after, rows });
+            self.keys.insert(a.key.clone(), Ahead { after, rows, at });
         }
+    }
+
+    /// Whether `key` was read, less than [`EMPTY_FOR`] before `now`, with no unfinished row
+    /// behind `row` (its tail then, in flight or just finished), and no window has read a row
+    /// of it since. Such a key need not be read behind that tail, nor from its first row once
+    /// `row` frees it: a row of it that appears later is above the floors, where a window
+    /// finds it. A row that commits late below them is the full walk's, as any is; the claim
+    /// statement checks every row it takes whatever was read.
+    pub fn empty_behind(&self, key: &str, row: i64, now: Instant) -> bool {
+        self.keys.get(key).is_some_and(|a| {
+            a.after == row && a.rows.is_empty() && now.saturating_duration_since(a.at) < EMPTY_FOR
+        })
     }
 
     /// Keeps what is read ahead to [`AHEAD_REMEMBERED`] keys: past it, only keys `req` offers
@@ -88,8 +118,12 @@ pub fn key_parts(
     req: &ClaimRequest,
     freed: &BTreeMap<String, i64>,
     ahead: &ReadAhead,
+    now: Instant,
 ) -> Vec<Part> {
-    let tails = &req.tails[..req.tails.len().min(KEYS_PER_CLAIM)];
+    let tails: Vec<&Tail> = (req.tails.iter())
+        .filter(|t| !ahead.empty_behind(&t.key, t.row, now))
+        .take(KEYS_PER_CLAIM)
+        .collect();
     let total = req.budgets.as_ref().map_or(req.limit, |b| b.total());
     let share = (total / u32::try_from(tails.len()).unwrap_or(u32::MAX).max(1)).saturating_mul(2);
     let share = share.clamp(2, RUN);
@@ -129,6 +163,7 @@ pub fn key_parts(
         freed
             .iter()
             .filter(|(key, _)| !chained.contains(key.as_str()))
+            .filter(|(key, row)| !ahead.empty_behind(key, **row, now))
             .take(KEYS_PER_CLAIM - tails.len())
             .map(|(key, row)| Part::Key {
                 key: KeyRef {
@@ -147,6 +182,7 @@ mod tests {
     use super::*;
     use crate::store::claim::choose::{self, KeyFate};
     use crate::store::claim::fixtures::{self, row};
+    use crate::store::claim::plan::budgets;
     use crate::store::model::Tail;
 
     fn request(tail: i64) -> ClaimRequest {
@@ -162,7 +198,7 @@ mod tests {
 
     /// The key part a claim offered the tail `tail` of key `k` reads.
     fn part(ahead: &ReadAhead, tail: i64) -> Part {
-        let parts = key_parts(&request(tail), &BTreeMap::new(), ahead);
+        let parts = key_parts(&request(tail), &BTreeMap::new(), ahead, Instant::now());
         assert_eq!(parts.len(), 1, "{parts:?}");
         parts[0].clone()
     }
@@ -229,5 +265,76 @@ mod tests {
         let mut off = ReadAhead::default();
         off.learn(&took_two_of_four(), &[row(11), row(12)]);
         assert!(matches!(part(&off, 12), Part::Key { .. }));
+    }
+
+    /// A claim that read key `k` behind tail 10 and found no row at all.
+    fn empty_behind_ten() -> Choice {
+        let key = KeyRef {
+            key: "k".into(),
+            row: 10,
+        };
+        let read = vec![(
+            Part::Key {
+                key,
+                after: Some(10),
+                rows: RUN,
+            },
+            vec![],
+        )];
+        choose::choose(&read, &budgets(&fixtures::request()), RUN)
+    }
+
+    /// A key read as empty behind its tail is not read again behind that tail, nor from its
+    /// first row once that tail frees it, for [`EMPTY_FOR`]; then, or once a window reads a
+    /// row of it, or behind another tail, it is.
+    #[test]
+    fn a_key_read_as_empty_behind_its_tail_is_not_read_again_for_a_while() {
+        let mut ahead = ReadAhead::on();
+        ahead.learn(&empty_behind_ten(), &[]);
+        let now = Instant::now();
+        let parts = |ahead: &ReadAhead, tail: i64, now: Instant| {
+            key_parts(&request(tail), &BTreeMap::new(), ahead, now).len()
+        };
+        let freed_by = |ahead: &ReadAhead, row: i64| {
+            let freed = BTreeMap::from([("k".to_string(), row)]);
+            key_parts(&fixtures::request(), &freed, ahead, now).len()
+        };
+        assert_eq!(parts(&ahead, 10, now), 0, "in flight: not read");
+        assert_eq!(parts(&ahead, 12, now), 1, "another tail: read");
+        assert_eq!(
+            freed_by(&ReadAhead::on(), 10),
+            1,
+            "freed, nothing known: read"
+        );
+        assert_eq!(freed_by(&ahead, 10), 0, "freed by 10: not read");
+        assert_eq!(freed_by(&ahead, 12), 1, "freed by another row: read");
+        assert_eq!(parts(&ahead, 10, now + EMPTY_FOR), 1, "read again later");
+        // A window read a row of `k` (a row passed behind the tail, or one that came since).
+        let seen = Choice {
+            window_keys: vec!["k".into()],
+            ..Choice::default()
+        };
+        ahead.learn(&seen, &[]);
+        assert_eq!(parts(&ahead, 10, now), 1, "a window saw a row: read");
+        // Not reading ahead: every key is read.
+        let mut off = ReadAhead::default();
+        off.learn(&empty_behind_ten(), &[]);
+        assert_eq!(parts(&off, 10, now), 1);
+        // A window took 10 as its key's only unfinished row: once the claim got it, the key
+        // is empty behind its new tail.
+        let alone = Choice {
+            ahead: vec![choose::Ahead {
+                key: "k".into(),
+                took: vec![10],
+                after: None,
+                rows: vec![],
+            }],
+            ..Choice::default()
+        };
+        let mut ahead = ReadAhead::on();
+        ahead.learn(&alone, &[]);
+        assert_eq!(parts(&ahead, 10, Instant::now()), 1, "not got: read");
+        ahead.learn(&alone, &[row(10)]);
+        assert_eq!(parts(&ahead, 10, Instant::now()), 0, "got: not read");
     }
 }

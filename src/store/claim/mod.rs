@@ -26,6 +26,7 @@ pub mod choose;
 pub mod cursor;
 #[cfg(test)]
 mod fixtures;
+mod fx;
 pub mod keys;
 pub mod plan;
 pub mod read;
@@ -118,6 +119,14 @@ pub trait ClaimSql: Send + Sync {
     /// By default no.
     fn reads_ahead(&self) -> bool {
         false
+    }
+
+    /// Where claims read ahead: whether head `a` is also its key's last unfinished row, a
+    /// condition costing an index step (a key read as empty behind it is then not read
+    /// behind it while it is in flight: docs/design.md, "Ordering keys: keys read as empty").
+    /// By default not asked.
+    fn last_of_key(&self, _db: &Db, _a: &str) -> Option<String> {
+        None
     }
 
     /// The `FROM ... LIMIT` that reads up to `gap.rows` rows `o` that meet `claimable`, of

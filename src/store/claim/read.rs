@@ -127,8 +127,13 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part, busy: &[String]) -
                 sql.one_of_keys(&mut head, &c.text_or_null("o.", &c.ordering_key, s), busy);
                 head.push(" THEN 0 ");
             }
+            // 2: a head that is also its key's last unfinished row (where asked).
+            let head_is = match sql.last_of_key(db, "o.") {
+                Some(last) => format!("CASE WHEN {last} THEN 2 ELSE 1 END"),
+                None => "1".to_string(),
+            };
             head.push(&format!(
-                "WHEN {} THEN 1 ELSE 0 END AS {int})",
+                "WHEN {} THEN {head_is} ELSE 0 END AS {int})",
                 sql.head(db, "o.")
             ));
         }
@@ -173,7 +178,8 @@ fn select(db: &Db, sql: &dyn ClaimSql, i: usize, part: &Part, busy: &[String]) -
 }
 
 /// A read's select list for rows `o`: the part (`part`), id, channel and key as text, whether
-/// the row is free (due, under no live claim), and whether it is its key's head (`head`).
+/// the row is free (due, under no live claim), and whether it is its key's head (`head`: 1, or
+/// 2 where it is also known to be its key's last unfinished row).
 fn fields(db: &Db, part: &str, head: Sql) -> Sql {
     let (s, c) = (db.syntax(), db.cols());
     let channel = s.claim_text(&s.cast_text(&c.channel("o.")));
@@ -259,15 +265,17 @@ pub fn decode(rows: &[AnyRow], parts: &[Part]) -> Vec<(Part, Vec<Candidate>)> {
 /// read will see it again).
 fn candidate(row: &AnyRow) -> Option<(usize, Candidate)> {
     let part = usize::try_from(row.try_get::<i64, _>(0).ok()?).ok()?;
-    let flag = |i: usize| row.try_get::<i64, _>(i).map(|v| v == 1).unwrap_or(false);
+    let flag = |i: usize| row.try_get::<i64, _>(i).unwrap_or(0);
+    let key = text(row, 3);
     Some((
         part,
         Candidate {
             id: row.try_get::<i64, _>(1).ok()?,
             channel: text(row, 2),
-            key: text(row, 3),
-            free: flag(4),
-            head: flag(5),
+            last: flag(5) == 2 && key.is_some(),
+            key,
+            free: flag(4) == 1,
+            head: flag(5) >= 1,
         },
     ))
 }

@@ -115,6 +115,17 @@ impl ClaimSql for MySql {
         )
     }
 
+    /// The key's last entry in the index of unfinished keys is `a` itself: one index step
+    /// from the key's end.
+    fn last_of_key(&self, db: &Db, a: &str) -> Option<String> {
+        let (t, id) = (db.table(), &db.cols().id);
+        Some(format!(
+            "(SELECT p.{id} FROM {t} p FORCE INDEX ({}) \
+             WHERE p.{OPEN_KEY} = {a}{OPEN_KEY} ORDER BY p.{id} DESC LIMIT 1) = {a}{id}",
+            index(db, "open_key_idx")
+        ))
+    }
+
     fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
         Box::pin(claim(db, req, ids))
     }
