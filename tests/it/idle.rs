@@ -19,6 +19,76 @@ const POLL: Duration = Duration::from_millis(500);
 /// How long the idle relay is counted.
 const WINDOW: Duration = Duration::from_secs(10);
 
+/// Starts the relay with a `POLL` poll interval, and waits until it is ready and its first
+/// claims and the lease are behind it.
+async fn start_idle_relay(td: &TestDb, rx: &Receiver) -> RelayProc {
+    let config = Config::webhook(&rx.url()).poll_interval(POLL);
+    let relay = RelayProc::start(td, &config, "idle");
+    until("the relay is ready", Duration::from_secs(15), || async {
+        relay.readyz().await.0 == 200
+    })
+    .await;
+    // Its first claims and the lease are behind it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    relay
+}
+
+/// The statements the server logged in a `WINDOW` of the relay idling: the log lines between
+/// two markers the test sends on its own connection.
+async fn statements_in_the_window(pg: &PrivatePostgres, url: &str) -> Vec<String> {
+    let mut marker = sqlx::PgConnection::connect(url).await.expect("connect");
+    sqlx::query("SELECT 'idle window opens'")
+        .execute(&mut marker)
+        .await
+        .expect("marker");
+    tokio::time::sleep(WINDOW).await;
+    sqlx::query("SELECT 'idle window closes'")
+        .execute(&mut marker)
+        .await
+        .expect("marker");
+    pg.log_text()
+        .lines()
+        .skip_while(|l| !l.contains("idle window opens"))
+        .skip(1)
+        .take_while(|l| !l.contains("idle window closes"))
+        .filter(|l| l.contains("LOG:  execute ") || l.contains("LOG:  statement: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits until the test's one row is delivered (SUCCESS); `what` names the wait.
+async fn until_delivered(td: &TestDb, what: &str) {
+    until(what, Duration::from_secs(5), || async {
+        td.counts().await[2] == 1
+    })
+    .await;
+}
+
+/// Puts row `id` back with the `requeue` verb, and checks that the verb announced it (a
+/// notification on the table's channel); returns when the verb was started.
+async fn requeue_announced(td: &TestDb, url: &str, id: i64) -> Instant {
+    let mut listener = sqlx::postgres::PgListener::connect(url)
+        .await
+        .expect("listen");
+    listener
+        .listen(&format!("{}_new", td.table))
+        .await
+        .expect("listen");
+    let requeued = Instant::now();
+    let out = run_to_end(
+        "outbox-relay requeue",
+        relay_on_table(td).args(["requeue", "--id", &id.to_string()]),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("the requeue was not announced")
+        .expect("notification");
+    requeued
+}
+
 /// On PostgreSQL every insert is announced (NOTIFY), so an idle relay reads the table only for
 /// rows whose time comes and, every second poll interval, for changes nothing announces: with
 /// the lease's renewals (every ttl/3) and the gauges' sample, fewer statements than poll
@@ -35,33 +105,9 @@ async fn an_idle_relay_on_postgres_sends_fewer_statements_than_poll_intervals() 
         return;
     };
     let rx = Receiver::start(None).await;
-    let config = Config::webhook(&rx.url()).poll_interval(POLL);
-    let mut relay = RelayProc::start(&td, &config, "idle");
-    until("the relay is ready", Duration::from_secs(15), || async {
-        relay.readyz().await.0 == 200
-    })
-    .await;
-    // Its first claims and the lease are behind it.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut relay = start_idle_relay(&td, &rx).await;
 
-    let mut marker = sqlx::PgConnection::connect(&url).await.expect("connect");
-    sqlx::query("SELECT 'idle window opens'")
-        .execute(&mut marker)
-        .await
-        .expect("marker");
-    tokio::time::sleep(WINDOW).await;
-    sqlx::query("SELECT 'idle window closes'")
-        .execute(&mut marker)
-        .await
-        .expect("marker");
-    let log = pg.log_text();
-    let window: Vec<&str> = log
-        .lines()
-        .skip_while(|l| !l.contains("idle window opens"))
-        .skip(1)
-        .take_while(|l| !l.contains("idle window closes"))
-        .filter(|l| l.contains("LOG:  execute ") || l.contains("LOG:  statement: "))
-        .collect();
+    let window = statements_in_the_window(&pg, &url).await;
     let reads = window
         .iter()
         .filter(|l| l.contains(&format!("FROM {}", td.table)))
@@ -96,10 +142,7 @@ async fn an_idle_relay_on_postgres_sends_fewer_statements_than_poll_intervals() 
     assert!(took < POLL, "an announced row waited {took:?}");
     // A row put back by hand is announced by nothing: the next read, within two poll
     // intervals, finds it.
-    until("the row is delivered", Duration::from_secs(5), || async {
-        td.counts().await[2] == 1
-    })
-    .await;
+    until_delivered(&td, "the row is delivered").await;
     let requeued = Instant::now();
     td.exec(&format!(
         "UPDATE {{t}} SET status = 'PENDING', next_attempt_at = now() WHERE id = {id}"
@@ -113,35 +156,12 @@ async fn an_idle_relay_on_postgres_sends_fewer_statements_than_poll_intervals() 
         "a row put back by hand waited {took:?}"
     );
     // The `requeue` verb announces what it puts back, as the insert trigger does.
-    until(
-        "the row is delivered again",
-        Duration::from_secs(5),
-        || async { td.counts().await[2] == 1 },
-    )
-    .await;
+    until_delivered(&td, "the row is delivered again").await;
     td.exec(&format!(
         "UPDATE {{t}} SET status = 'FAILED' WHERE id = {id}"
     ))
     .await;
-    let mut listener = sqlx::postgres::PgListener::connect(&url)
-        .await
-        .expect("listen");
-    listener
-        .listen(&format!("{}_new", td.table))
-        .await
-        .expect("listen");
-    let requeued = Instant::now();
-    let out = run_to_end(
-        "outbox-relay requeue",
-        relay_on_table(&td).args(["requeue", "--id", &id.to_string()]),
-        Duration::from_secs(60),
-    )
-    .await;
-    assert!(out.status.success(), "{out:?}");
-    tokio::time::timeout(Duration::from_secs(5), listener.recv())
-        .await
-        .expect("the requeue was not announced")
-        .expect("notification");
+    let requeued = requeue_announced(&td, &url, id).await;
     rx.expect_requests(3, Duration::from_secs(5), "the requeued row")
         .await;
     println!(

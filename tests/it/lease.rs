@@ -21,55 +21,81 @@ async fn second_store(td: &TestDb) -> Arc<SqlStore> {
     )
 }
 
+/// One store's lease primitives on one lease name, each call bounded and labelled as the
+/// assertions name it.
+struct Prims<'a> {
+    td: &'a TestDb,
+    name: String,
+    /// The ttl of every renewal.
+    ttl: Duration,
+}
+
+impl Prims<'_> {
+    /// `lease_acquire` by `who` for `ttl`: the new epoch, or `None` if the lease is held.
+    async fn acquire(&self, what: &str, who: &str, ttl: Duration) -> Option<i64> {
+        bounded(what, self.td.store.lease_acquire(&self.name, who, ttl)).await
+    }
+
+    /// `lease_renew` of `who`'s hold at `epoch` for the ttl: whether it was renewed.
+    async fn renew(&self, what: &str, who: &str, epoch: i64) -> bool {
+        let hold = Hold::new(&self.name, who, epoch);
+        bounded(what, self.td.store.lease_renew(hold, self.ttl)).await
+    }
+
+    /// `lease_release` of `who`'s hold at `epoch`.
+    async fn release(&self, what: &str, who: &str, epoch: i64) {
+        let hold = Hold::new(&self.name, who, epoch);
+        bounded(what, self.td.store.lease_release(hold)).await
+    }
+
+    /// The lease row as the database has it: holder and epoch.
+    async fn row(&self) -> (Option<String>, i64) {
+        self.td.lease_row(&self.name).await.expect("lease row")
+    }
+}
+
 per_db!(database_lease_primitives);
 async fn database_lease_primitives(db: Db) {
     let Some(td) = TestDb::open(db, "ls_prim").await else {
         return;
     };
-    let store = td.store.clone();
-    let name = td.table.clone();
     let ttl = Duration::from_millis(600);
+    let l = Prims {
+        td: &td,
+        name: td.table.clone(),
+        ttl,
+    };
 
-    let e = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
+    let e = l
+        .acquire("acquire A", "A", ttl)
         .await
         .expect("a free lease is acquired");
+    assert_eq!(l.row().await, (Some("A".into()), e));
     assert_eq!(
-        td.lease_row(&name).await.expect("lease row"),
-        (Some("A".into()), e)
-    );
-    assert_eq!(
-        bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
+        l.acquire("acquire B", "B", ttl).await,
         None,
         "B must not take a live lease"
     );
     assert_eq!(
-        bounded("acquire A again", store.lease_acquire(&name, "A", ttl)).await,
+        l.acquire("acquire A again", "A", ttl).await,
         None,
         "a live lease is not re-acquired, even by its holder"
     );
-    assert!(bounded("renew A", store.lease_renew(Hold::new(&name, "A", e), ttl)).await);
+    assert!(l.renew("renew A", "A", e).await);
     assert!(
-        !bounded(
-            "renew wrong epoch",
-            store.lease_renew(Hold::new(&name, "A", e + 1), ttl)
-        )
-        .await,
+        !l.renew("renew wrong epoch", "A", e + 1).await,
         "a renewal at another epoch is refused"
     );
     assert!(
-        !bounded(
-            "renew by B",
-            store.lease_renew(Hold::new(&name, "B", e), ttl)
-        )
-        .await,
+        !l.renew("renew by B", "B", e).await,
         "a renewal by a non-holder is refused"
     );
 
     // Renewals keep it past several ttls.
     throughout(ttl * 2, ttl / 4, async || {
-        assert!(bounded("renew A", store.lease_renew(Hold::new(&name, "A", e), ttl)).await);
+        assert!(l.renew("renew A", "A", e).await);
         assert_eq!(
-            bounded("acquire B", store.lease_acquire(&name, "B", ttl)).await,
+            l.acquire("acquire B", "B", ttl).await,
             None,
             "B took a lease that was being renewed"
         );
@@ -79,52 +105,32 @@ async fn database_lease_primitives(db: Db) {
     // A stops renewing: after its ttl (which the test lets pass), B acquires with the next
     // epoch.
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
-    let e2 = bounded(
-        "acquire B",
-        store.lease_acquire(&name, "B", Duration::from_secs(30)),
-    )
-    .await
-    .expect("an expired lease is acquired");
+    let e2 = l
+        .acquire("acquire B", "B", Duration::from_secs(30))
+        .await
+        .expect("an expired lease is acquired");
     assert_eq!(e2, e + 1, "every acquisition bumps the epoch");
     // A's renewal is refused and re-creates nothing; its release takes nothing from B.
-    assert!(
-        !bounded(
-            "late renew A",
-            store.lease_renew(Hold::new(&name, "A", e), ttl)
-        )
-        .await
-    );
-    bounded(
-        "stale release A",
-        store.lease_release(Hold::new(&name, "A", e)),
-    )
-    .await;
-    assert_eq!(
-        td.lease_row(&name).await.expect("lease row"),
-        (Some("B".into()), e2)
-    );
-    assert_eq!(
-        bounded("acquire A", store.lease_acquire(&name, "A", ttl)).await,
-        None
-    );
+    assert!(!l.renew("late renew A", "A", e).await);
+    l.release("stale release A", "A", e).await;
+    assert_eq!(l.row().await, (Some("B".into()), e2));
+    assert_eq!(l.acquire("acquire A", "A", ttl).await, None);
 
     // B releases: A acquires at once, long before B's 30s ttl.
-    bounded("release B", store.lease_release(Hold::new(&name, "B", e2))).await;
-    assert_eq!(td.lease_row(&name).await.expect("lease row"), (None, e2));
-    let e3 = bounded("acquire A", store.lease_acquire(&name, "A", ttl))
+    l.release("release B", "B", e2).await;
+    assert_eq!(l.row().await, (None, e2));
+    let e3 = l
+        .acquire("acquire A", "A", ttl)
         .await
         .expect("a released lease is free at once");
     assert_eq!(e3, e2 + 1);
-    assert!(!bounded("renew B", store.lease_renew(Hold::new(&name, "B", e2), ttl)).await);
+    assert!(!l.renew("renew B", "B", e2).await);
 
     // advance_epoch (leases held elsewhere) records the holder and fences everyone before.
-    let e4 = bounded("advance_epoch", store.advance_epoch(&name, "C")).await;
+    let e4 = bounded("advance_epoch", td.store.advance_epoch(&l.name, "C")).await;
     assert_eq!(e4, e3 + 1);
-    assert!(!bounded("renew A", store.lease_renew(Hold::new(&name, "A", e3), ttl)).await);
-    assert_eq!(
-        td.lease_row(&name).await.expect("lease row"),
-        (Some("C".into()), e4)
-    );
+    assert!(!l.renew("renew A", "A", e3).await);
+    assert_eq!(l.row().await, (Some("C".into()), e4));
     td.drop_table().await;
 }
 

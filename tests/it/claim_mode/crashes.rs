@@ -7,65 +7,19 @@ use super::*;
 // 2. kill -9 one instance mid-run: its claims expire and the others deliver those rows; only
 //    rows whose request was on the wire at the kill may arrive twice.
 
+/// Rows in the table at the start.
+const ROWS: usize = 600;
+
 async fn kill9_claims_expire_and_others_deliver(db: Db) {
     let Some(td) = TestDb::open(db, "cm_kill").await else {
         return;
     };
-    const ROWS: usize = 600;
     let rx = Receiver::start(None).await;
     // A slow receiver keeps requests in flight.
     rx.set_delay(Duration::from_millis(150));
     td.insert_hooks(ROWS).await;
-    // Each instance claims up to 32 rows but sends only 8 at once: at the kill, the victim
-    // holds claims on rows it has sent (in flight) and on rows it has not sent yet.
-    let config = |n: &str| {
-        base(&rx, n)
-            .claim_ttl(Duration::from_secs(6))
-            .in_flight(32)
-            .hook(|s| s.timeout(Duration::from_secs(1)).concurrency(8))
-    };
-    let names = ["a", "b", "c"];
-    let mut relays: Vec<RelayProc> = names
-        .iter()
-        .map(|n| RelayProc::start(&td, &config(n), n))
-        .collect();
-
-    // Let the victim get going, then kill it mid-run.
-    let ok = rx
-        .wait_until(
-            |r| {
-                r.iter()
-                    .filter(|q| q.header("x-relay") == Some("b"))
-                    .count()
-                    >= 40
-            },
-            Duration::from_secs(20),
-        )
-        .await;
-    assert!(
-        ok,
-        "instance b never got going: {:?}",
-        shares(&rx.requests())
-    );
-    // Half a receiver delay later: the kill falls in the middle of a round of sends.
-    tokio::time::sleep(Duration::from_millis(70)).await;
-    let kill_at = Instant::now();
-    relays[1].kill9();
-    let reqs_at_kill = rx.requests();
-    // A result statement the victim sent just before it died may still be running on the
-    // server: let it finish before reading what the victim left behind. (Its claims are under
-    // a second old at the kill and last 6s, so none expires meanwhile.)
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    // The victim's rows as it left them: claimed, unfinished, with their claims' time left.
-    let queried_at = Instant::now();
-    let orphans = live_claims_of(&td, "b").await;
-    let delivered_at_kill = td.counts().await[2];
-    assert!(
-        (delivered_at_kill as usize) < ROWS - 100,
-        "the kill was not mid-run: {delivered_at_kill} of {ROWS} already delivered"
-    );
-    assert!(!orphans.is_empty(), "instance b held no claims at the kill");
-    let b = left_behind(&orphans, queried_at, &reqs_at_kill, kill_at);
+    let mut relays = start_three(&td, &rx);
+    let (kill_at, b) = kill_b_mid_run(&td, &rx, &mut relays).await;
 
     let tdr = &td;
     until(
@@ -118,6 +72,69 @@ async fn kill9_claims_expire_and_others_deliver(db: Db) {
     td.drop_table().await;
 }
 per_db!(kill9_claims_expire_and_others_deliver);
+
+/// Starts instances `a`, `b` and `c`, in that order.
+fn start_three(td: &TestDb, rx: &Receiver) -> Vec<RelayProc> {
+    // Each instance claims up to 32 rows but sends only 8 at once: at the kill, the victim
+    // holds claims on rows it has sent (in flight) and on rows it has not sent yet.
+    let config = |n: &str| {
+        base(rx, n)
+            .claim_ttl(Duration::from_secs(6))
+            .in_flight(32)
+            .hook(|s| s.timeout(Duration::from_secs(1)).concurrency(8))
+    };
+    let names = ["a", "b", "c"];
+    names
+        .iter()
+        .map(|n| RelayProc::start(td, &config(n), n))
+        .collect()
+}
+
+/// Kills instance `b` (`relays[1]`) with SIGKILL mid-run, once it has got going, and reads
+/// what it left behind: the kill's time and its [`LeftBehind`].
+async fn kill_b_mid_run(
+    td: &TestDb,
+    rx: &Receiver,
+    relays: &mut [RelayProc],
+) -> (Instant, LeftBehind) {
+    // Let the victim get going, then kill it mid-run.
+    let ok = rx
+        .wait_until(
+            |r| {
+                r.iter()
+                    .filter(|q| q.header("x-relay") == Some("b"))
+                    .count()
+                    >= 40
+            },
+            Duration::from_secs(20),
+        )
+        .await;
+    assert!(
+        ok,
+        "instance b never got going: {:?}",
+        shares(&rx.requests())
+    );
+    // Half a receiver delay later: the kill falls in the middle of a round of sends.
+    tokio::time::sleep(Duration::from_millis(70)).await;
+    let kill_at = Instant::now();
+    relays[1].kill9();
+    let reqs_at_kill = rx.requests();
+    // A result statement the victim sent just before it died may still be running on the
+    // server: let it finish before reading what the victim left behind. (Its claims are under
+    // a second old at the kill and last 6s, so none expires meanwhile.)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The victim's rows as it left them: claimed, unfinished, with their claims' time left.
+    let queried_at = Instant::now();
+    let orphans = live_claims_of(td, "b").await;
+    let delivered_at_kill = td.counts().await[2];
+    assert!(
+        (delivered_at_kill as usize) < ROWS - 100,
+        "the kill was not mid-run: {delivered_at_kill} of {ROWS} already delivered"
+    );
+    assert!(!orphans.is_empty(), "instance b held no claims at the kill");
+    let b = left_behind(&orphans, queried_at, &reqs_at_kill, kill_at);
+    (kill_at, b)
+}
 
 /// What the killed instance `b` left behind: its claims (row, ms left at `queried_at`), and
 /// its requests whose outcome it never recorded.

@@ -144,6 +144,87 @@ async fn assert_only_sent_rows_twice(
     dups
 }
 
+/// Starts relay `a` and, once it holds the lease, relay `b` (the standby).
+async fn start_a_then_b(
+    td: &TestDb,
+    knobs: &Knobs,
+    rx: &Receiver,
+    redis: &RedisServer,
+    lease: &str,
+) -> Vec<RelayProc> {
+    let mut relays = vec![start_relay(td, knobs, rx, &redis.url(), lease, "a")];
+    until(
+        "relay a holds the lease",
+        Duration::from_secs(15),
+        || async { redis.get(lease).await.is_some_and(|v| v.starts_with("a#")) },
+    )
+    .await;
+    relays.push(start_relay(td, knobs, rx, &redis.url(), lease, "b"));
+    relays
+}
+
+/// The rows relay `h` had put on the wire by `wire` (the duplicate window, G3: sent but
+/// maybe not recorded), and how many of those requests were unanswered at `t_stop_sent`.
+fn sent_by_the_stop(
+    rx: &Receiver,
+    h: &str,
+    wire: Instant,
+    t_stop_sent: Instant,
+) -> (HashSet<i64>, usize) {
+    let reqs = rx.requests();
+    let before: Vec<&Received> = reqs
+        .iter()
+        .filter(|r| sender(r) == h && r.at <= wire)
+        .collect();
+    let sent: HashSet<i64> = before.iter().filter_map(|r| r.id).collect();
+    let unanswered = before
+        .iter()
+        .filter(|r| r.answered_at.is_none_or(|a| a > t_stop_sent))
+        .count();
+    (sent, unanswered)
+}
+
+/// Relay `h` sent no request after `wire` (stopped at `t_stop`, woken at `t_cont`).
+fn assert_sent_nothing_after(
+    rx: &Receiver,
+    h: &str,
+    wire: Instant,
+    t_stop: Instant,
+    t_cont: Instant,
+) {
+    let reqs = rx.requests();
+    let after_wake: Vec<String> = reqs
+        .iter()
+        .filter(|r| sender(r) == h && r.at > wire)
+        .map(|r| {
+            format!(
+                "row {:?} at +{:.0}ms after SIGSTOP (SIGCONT at +{:.0}ms)",
+                r.id,
+                delta_ms(t_stop, r.at),
+                delta_ms(t_stop, t_cont)
+            )
+        })
+        .collect();
+    assert!(
+        after_wake.is_empty(),
+        "the paused relay sent requests it had not put on the wire before SIGSTOP: {after_wake:?}"
+    );
+}
+
+/// Every row is as in `settled`: the woken relay's writes changed none.
+async fn assert_rows_unchanged(td: &TestDb, settled: &BTreeMap<i64, String>) {
+    let woken = snapshot(td).await;
+    let changed: Vec<String> = settled
+        .iter()
+        .filter(|(id, v)| woken.get(id) != Some(v))
+        .map(|(id, v)| format!("row {id}: {v} -> {:?}", woken.get(id)))
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "the woken relay's writes changed rows: {changed:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     let Some((redis, td, rx)) = setup("rl_pause", &[]).await else {
@@ -163,14 +244,7 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     slow_results_of_a(&td).await;
     rx.set_delay(Duration::from_millis(400));
     let t0 = Instant::now();
-    let mut relays = vec![start_relay(&td, &knobs, &rx, &redis.url(), &lease, "a")];
-    until(
-        "relay a holds the lease",
-        Duration::from_secs(15),
-        || async { redis.get(&lease).await.is_some_and(|v| v.starts_with("a#")) },
-    )
-    .await;
-    relays.push(start_relay(&td, &knobs, &rx, &redis.url(), &lease, "b"));
+    let mut relays = start_a_then_b(&td, &knobs, &rx, &redis, &lease).await;
 
     // Pause a while its first four results are being written (and four more rows are on the
     // wire, four claimed rows wait for a sink slot).
@@ -199,17 +273,8 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
     let settled = snapshot(&td).await;
     let (holder_now, epoch_now) = td.lease_row(&lease).await.expect("fencing row");
     assert!(epoch_now > epoch_h, "the takeover must bump the epoch");
-    let reqs = rx.requests();
-    let before: Vec<&Received> = reqs
-        .iter()
-        .filter(|r| sender(r) == h && r.at <= wire)
-        .collect();
     // The duplicate window (G3): rows the paused relay had sent but not yet recorded.
-    let sent_before_stop: HashSet<i64> = before.iter().filter_map(|r| r.id).collect();
-    let unanswered_at_stop = before
-        .iter()
-        .filter(|r| r.answered_at.is_none_or(|a| a > t_stop_sent))
-        .count();
+    let (sent_before_stop, unanswered_at_stop) = sent_by_the_stop(&rx, &h, wire, t_stop_sent);
 
     // Wake it (claims long expired, rows re-delivered and recorded by the other relay).
     let t_cont = Instant::now();
@@ -225,33 +290,8 @@ async fn paused_holder_sends_nothing_and_writes_nothing_after_wake() {
         log.contains("lease lost"),
         "the woken relay must notice its lease is gone:\n{log}"
     );
-    let reqs = rx.requests();
-    let after_wake: Vec<String> = reqs
-        .iter()
-        .filter(|r| sender(r) == h && r.at > wire)
-        .map(|r| {
-            format!(
-                "row {:?} at +{:.0}ms after SIGSTOP (SIGCONT at +{:.0}ms)",
-                r.id,
-                delta_ms(t_stop, r.at),
-                delta_ms(t_stop, t_cont)
-            )
-        })
-        .collect();
-    assert!(
-        after_wake.is_empty(),
-        "the paused relay sent requests it had not put on the wire before SIGSTOP: {after_wake:?}"
-    );
-    let woken = snapshot(&td).await;
-    let changed: Vec<String> = settled
-        .iter()
-        .filter(|(id, v)| woken.get(id) != Some(v))
-        .map(|(id, v)| format!("row {id}: {v} -> {:?}", woken.get(id)))
-        .collect();
-    assert!(
-        changed.is_empty(),
-        "the woken relay's writes changed rows: {changed:?}"
-    );
+    assert_sent_nothing_after(&rx, &h, wire, t_stop, t_cont);
+    assert_rows_unchanged(&td, &settled).await;
     assert_eq!(
         td.lease_row(&lease).await.expect("fencing row"),
         (holder_now.clone(), epoch_now),

@@ -2,19 +2,30 @@
 
 use super::*;
 
+/// Enqueues one row of channel `log` per key of `keys` (`None`: keyless), in that order;
+/// returns their ids.
+async fn enqueue_logs<const N: usize>(td: &TestDb, keys: [Option<&str>; N]) -> [i64; N] {
+    let mut ids = [0; N];
+    for (id, key) in ids.iter_mut().zip(keys) {
+        *id = td.enqueue("log", r#"{"n":1}"#, key).await;
+    }
+    ids
+}
+
+/// Writes `resolution` for row `id` of the claim `req`, and checks that it was written.
+async fn complete_one(td: &TestDb, req: &ClaimRequest, id: i64, resolution: Resolution) {
+    let done = [completion(req, id, resolution)];
+    assert_eq!(complete(&*td.store, &done).await, 1);
+}
+
 per_db!(ordering_keys_deliver_one_at_a_time);
 async fn ordering_keys_deliver_one_at_a_time(db: Db) {
     let Some(td) = TestDb::open(db, "st_order").await else {
         return;
     };
     let store = td.store.clone();
-    let a1 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
-    let k1 = td.enqueue("log", r#"{"n":1}"#, None).await;
-    let b1 = td.enqueue("log", r#"{"n":1}"#, Some("B")).await;
-    let a2 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
-    let k2 = td.enqueue("log", r#"{"n":1}"#, None).await;
-    let b2 = td.enqueue("log", r#"{"n":1}"#, Some("B")).await;
-    let a3 = td.enqueue("log", r#"{"n":1}"#, Some("A")).await;
+    let (a, b) = (Some("A"), Some("B"));
+    let [a1, k1, b1, a2, k2, b2, a3] = enqueue_logs(&td, [a, None, b, a, None, b, a]).await;
 
     let (r1, heads) = claim(&*store, 100, LONG, "a", None).await;
     assert_eq!(
@@ -30,21 +41,11 @@ async fn ordering_keys_deliver_one_at_a_time(db: Db) {
     assert!(none.is_empty(), "claimed behind a head: {:?}", ids(&none));
 
     // A1 released (throttled): still the head, A2 still waits.
-    assert_eq!(
-        complete(
-            &*store,
-            &[completion(
-                &r1,
-                a1,
-                Resolution::Release {
-                    delay: Duration::ZERO,
-                    error: None,
-                },
-            )],
-        )
-        .await,
-        1
-    );
+    let release = Resolution::Release {
+        delay: Duration::ZERO,
+        error: None,
+    };
+    complete_one(&td, &r1, a1, release).await;
     let (r2, again) = claim(&*store, 100, LONG, "b", None).await;
     assert_eq!(
         ids(&again),
@@ -79,27 +80,14 @@ async fn ordering_keys_deliver_one_at_a_time(db: Db) {
     );
     let next = bounded("claim", store.claim(&r3)).await;
     assert_eq!(ids(&next), vec![a2], "the idle poll's read missed a2");
-    assert_eq!(
-        complete(
-            &*store,
-            &[completion(
-                &r3,
-                a2,
-                Resolution::Failed {
-                    error: "bad".into()
-                }
-            )],
-        )
-        .await,
-        1
-    );
+    let bad = Resolution::Failed {
+        error: "bad".into(),
+    };
+    complete_one(&td, &r3, a2, bad).await;
     // A FAILED head no longer holds its key back.
     let (r4, next) = claim(&*store, 100, LONG, "c", None).await;
     assert_eq!(ids(&next), vec![a3]);
-    assert_eq!(
-        complete(&*store, &[completion(&r4, a3, Resolution::Delivered)]).await,
-        1
-    );
+    deliver(&td, &r4, &next).await;
     // B1 becomes due and is delivered: then B2.
     td.exec(&format!(
         "UPDATE {{t}} SET next_attempt_at = {} WHERE id = {b1}",
@@ -108,10 +96,7 @@ async fn ordering_keys_deliver_one_at_a_time(db: Db) {
     .await;
     let (r5, next) = claim(&*store, 100, LONG, "c", None).await;
     assert_eq!(ids(&next), vec![b1]);
-    assert_eq!(
-        complete(&*store, &[completion(&r5, b1, Resolution::Delivered)]).await,
-        1
-    );
+    deliver(&td, &r5, &next).await;
     let (_, next) = claim(&*store, 100, LONG, "c", None).await;
     assert_eq!(ids(&next), vec![b2]);
     td.drop_table().await;

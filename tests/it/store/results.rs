@@ -17,22 +17,16 @@ async fn assert_row(td: &TestDb, id: i64, state: &str, tries: i64, error: Option
     }
 }
 
-per_db!(complete_writes_each_resolution);
-async fn complete_writes_each_resolution(db: Db) {
-    let Some(td) = TestDb::open(db, "st_complete").await else {
-        return;
-    };
-    let store = td.store.clone();
-    let mut row = Vec::new();
-    for _ in 0..4 {
-        row.push(td.enqueue("log", r#"{"n":1}"#, None).await);
-    }
-    let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
-    assert_eq!(ids(&rows), row);
-    let done = [
-        completion(&req, row[0], Resolution::Delivered),
+/// A row no claim holds.
+const UNCLAIMED: &str = "claimed_by IS NULL AND claim_token IS NULL AND claimed_until IS NULL";
+
+/// One completion of each resolution, for `row[0..4]` under `req`: delivered, a retry and
+/// a release with its delay of 900 ms, failed.
+fn one_of_each(req: &ClaimRequest, row: &[i64]) -> [Completion; 4] {
+    [
+        completion(req, row[0], Resolution::Delivered),
         completion(
-            &req,
+            req,
             row[1],
             Resolution::Retry {
                 delay: Duration::from_millis(900),
@@ -40,26 +34,27 @@ async fn complete_writes_each_resolution(db: Db) {
             },
         ),
         completion(
-            &req,
+            req,
             row[2],
             Resolution::Failed {
                 error: "400: bad payload".into(),
             },
         ),
         completion(
-            &req,
+            req,
             row[3],
             Resolution::Release {
                 delay: Duration::from_millis(900),
                 error: Some("throttled".into()),
             },
         ),
-    ];
-    assert_eq!(complete(&*store, &done).await, 4);
-    let now = now_sql(&td);
-    let unclaimed = "claimed_by IS NULL AND claim_token IS NULL AND claimed_until IS NULL";
+    ]
+}
 
-    // Each resolution's state; a release is not an attempt.
+/// Each row of [`one_of_each`] is in its resolution's state; a release is not an attempt.
+async fn assert_each_resolution(td: &TestDb, row: &[i64]) {
+    let now = now_sql(td);
+    let unclaimed = UNCLAIMED;
     for (id, state, tries, error) in [
         (
             row[0],
@@ -90,8 +85,24 @@ async fn complete_writes_each_resolution(db: Db) {
             Some("throttled"),
         ),
     ] {
-        assert_row(&td, id, &state, tries, error).await;
+        assert_row(td, id, &state, tries, error).await;
     }
+}
+
+per_db!(complete_writes_each_resolution);
+async fn complete_writes_each_resolution(db: Db) {
+    let Some(td) = TestDb::open(db, "st_complete").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let mut row = Vec::new();
+    for _ in 0..4 {
+        row.push(td.enqueue("log", r#"{"n":1}"#, None).await);
+    }
+    let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
+    assert_eq!(ids(&rows), row);
+    assert_eq!(complete(&*store, &one_of_each(&req, &row)).await, 4);
+    assert_each_resolution(&td, &row).await;
 
     // Neither the RETRY row nor the released one is claimable before its delay...
     let (_, early) = claim(&*store, 10, LONG, "b", None).await;
@@ -116,7 +127,7 @@ async fn complete_writes_each_resolution(db: Db) {
         completion(&req2, row[3], Resolution::Delivered),
     ];
     assert_eq!(complete(&*store, &done).await, 2);
-    let retry = format!("status = 'RETRY' AND {unclaimed}");
+    let retry = format!("status = 'RETRY' AND {UNCLAIMED}");
     assert_row(&td, row[1], &retry, 1, Some("503 from receiver")).await;
     assert!(row_is(&td, row[3], "status = 'SUCCESS' AND last_error IS NULL").await);
     let (_, again) = claim(&*store, 10, LONG, "c", None).await;

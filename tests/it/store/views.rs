@@ -52,35 +52,19 @@ async fn the_gauge_sample_counts_delivered_rows_only_when_asked(db: Db) {
     td.drop_table().await;
 }
 
-per_db!(status_and_failed_report_the_table);
-async fn status_and_failed_report_the_table(db: Db) {
-    let Some(td) = TestDb::open(db, "st_status").await else {
-        return;
-    };
-    let store = td.store.clone();
-    let lease = td.table.clone();
-    let empty = bounded("status", store.status(&lease)).await;
-    assert!(empty.counts.is_empty());
-    assert!(empty.oldest_pending.is_none());
-    assert!(empty.lease.is_none());
+/// Enqueues `n` rows of `channel`; returns their ids.
+async fn enqueue_n(td: &TestDb, channel: &str, n: usize) -> Vec<i64> {
+    let mut ids = Vec::with_capacity(n);
+    for _ in 0..n {
+        ids.push(td.enqueue(channel, r#"{"n":1}"#, None).await);
+    }
+    ids
+}
 
-    let mut a = Vec::new();
-    for _ in 0..5 {
-        a.push(td.enqueue("a", r#"{"n":1}"#, None).await);
-    }
-    let mut b = Vec::new();
-    for _ in 0..3 {
-        b.push(td.enqueue("b", r#"{"n":1}"#, None).await);
-    }
-    // The oldest pending row was created an hour ago.
-    td.exec(&format!(
-        "UPDATE {{t}} SET created_at = {} WHERE id = {}",
-        db_time(db, -3600),
-        a[4]
-    ))
-    .await;
-    // a[0], a[1] -> SUCCESS; a[2] -> FAILED; b[0], b[1] -> FAILED; a[3] claimed by "c1".
-    let (req, rows) = claim(&*store, 8, LONG, "x", None).await;
+/// Claims the eight rows and writes what the views are to report: a[0], a[1] -> SUCCESS;
+/// a[2] -> FAILED; b[0], b[1] -> FAILED; the rest released, due at once.
+async fn finish_some(store: &SqlStore, a: &[i64], b: &[i64]) {
+    let (req, rows) = claim(store, 8, LONG, "x", None).await;
     assert_eq!(rows.len(), 8);
     let fail = |id, e: &str| {
         completion(
@@ -111,7 +95,59 @@ async fn status_and_failed_report_the_table(db: Db) {
         release(a[4]),
         release(b[2]),
     ];
-    assert_eq!(complete(&*store, &done).await, 8);
+    assert_eq!(complete(store, &done).await, 8);
+}
+
+/// The `failed` view: a's and b's FAILED rows newest first, with their errors; by channel;
+/// limited.
+async fn assert_failed_view(store: &SqlStore, a: &[i64], b: &[i64]) {
+    let failed = bounded("failed", store.failed(10, None)).await;
+    assert_eq!(
+        failed.iter().map(|f| f.id).collect::<Vec<_>>(),
+        vec![b[1], b[0], a[2]],
+        "newest first"
+    );
+    assert_eq!(failed[0].channel, "b");
+    assert_eq!(failed[0].attempts, 1);
+    assert_eq!(failed[0].last_error.as_deref(), Some("payload is not JSON"));
+    assert_eq!(failed[2].last_error.as_deref(), Some("410 gone"));
+    assert!(
+        failed[0]
+            .updated_at
+            .as_deref()
+            .is_some_and(|u| u.len() >= 19 && u.starts_with("20")),
+        "updated_at {:?}",
+        failed[0].updated_at
+    );
+    let only_a = bounded("failed", store.failed(10, Some("a"))).await;
+    assert_eq!(only_a.iter().map(|f| f.id).collect::<Vec<_>>(), vec![a[2]]);
+    let limited = bounded("failed", store.failed(1, None)).await;
+    assert_eq!(limited.len(), 1);
+}
+
+per_db!(status_and_failed_report_the_table);
+async fn status_and_failed_report_the_table(db: Db) {
+    let Some(td) = TestDb::open(db, "st_status").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let lease = td.table.clone();
+    let empty = bounded("status", store.status(&lease)).await;
+    assert!(empty.counts.is_empty());
+    assert!(empty.oldest_pending.is_none());
+    assert!(empty.lease.is_none());
+
+    let a = enqueue_n(&td, "a", 5).await;
+    let b = enqueue_n(&td, "b", 3).await;
+    // The oldest pending row was created an hour ago.
+    td.exec(&format!(
+        "UPDATE {{t}} SET created_at = {} WHERE id = {}",
+        db_time(db, -3600),
+        a[4]
+    ))
+    .await;
+    // a[0], a[1] -> SUCCESS; a[2] -> FAILED; b[0], b[1] -> FAILED; a[3] claimed by "c1".
+    finish_some(&store, &a, &b).await;
     let (_, live) = claim(&*store, 1, LONG, "c1", None).await;
     assert_eq!(ids(&live), vec![a[3]]);
     bounded(
@@ -147,27 +183,6 @@ async fn status_and_failed_report_the_table(db: Db) {
     assert!(left > 10_000 && left <= 20_000, "lease remaining {left}ms");
     assert_eq!(st.claims, vec![("c1".to_string(), 1)]);
 
-    let failed = bounded("failed", store.failed(10, None)).await;
-    assert_eq!(
-        failed.iter().map(|f| f.id).collect::<Vec<_>>(),
-        vec![b[1], b[0], a[2]],
-        "newest first"
-    );
-    assert_eq!(failed[0].channel, "b");
-    assert_eq!(failed[0].attempts, 1);
-    assert_eq!(failed[0].last_error.as_deref(), Some("payload is not JSON"));
-    assert_eq!(failed[2].last_error.as_deref(), Some("410 gone"));
-    assert!(
-        failed[0]
-            .updated_at
-            .as_deref()
-            .is_some_and(|u| u.len() >= 19 && u.starts_with("20")),
-        "updated_at {:?}",
-        failed[0].updated_at
-    );
-    let only_a = bounded("failed", store.failed(10, Some("a"))).await;
-    assert_eq!(only_a.iter().map(|f| f.id).collect::<Vec<_>>(), vec![a[2]]);
-    let limited = bounded("failed", store.failed(1, None)).await;
-    assert_eq!(limited.len(), 1);
+    assert_failed_view(&store, &a, &b).await;
     td.drop_table().await;
 }
