@@ -1,25 +1,18 @@
 //! The operator's verbs, driven through the binary against real PostgreSQL, MariaDB and
-//! SQLite: `failed`, `requeue` (by id, `--all-failed`, `--dry-run`), `purge` (never PENDING or
-//! RETRY rows), `status`; retention (`housekeeping::purge_all`, what `run` calls every 60s);
-//! the real `/metrics` output checked by `promtool check metrics`, JSON logs without secrets,
-//! alert rules and the dashboard (`observability`).
-//!
-//! Retention inside `run` is not driven through the binary: its 60s cadence would make the
-//! test slow. `run`'s retention loop only takes a short database lease and then calls
-//! `purge_all`, which is tested here at library level with the rules retention builds.
+//! SQLite: `failed`, `requeue` (by id, `--all-failed`, `--dry-run`), `status`; `purge` (never
+//! PENDING or RETRY rows) and retention (`housekeeping::purge_all`, what `run` calls every
+//! 60s) in `purge`; the real `/metrics` output checked by `promtool check metrics`, JSON logs
+//! without secrets, alert rules and the dashboard (`observability`).
 
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use crate::support::process::*;
 use crate::support::*;
-use outbox_relay::housekeeping::{self, PURGE_BATCH};
-use outbox_relay::store::{Finished, LeaseTable};
-use tokio_util::sync::CancellationToken;
+use outbox_relay::store::LeaseTable;
 
 mod observability;
-
-const DAY: Duration = Duration::from_secs(24 * 3600);
+mod purge;
 
 /// Runs the binary with `args` against the test's table; the lease name is the table name so
 /// parallel tests never share a lease row. Runs in the test's temp dir, so no
@@ -57,30 +50,12 @@ async fn ok(td: &TestDb, args: &[&str]) -> String {
     stdout(&o)
 }
 
-/// A timestamp expression `days` days before the database's now.
-fn days_ago(db: Db, days: u32) -> String {
-    match db {
-        Db::Postgres => format!("(now() - interval '{days} days')"),
-        Db::MySql => format!("(NOW(6) - INTERVAL {days} DAY)"),
-        Db::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f','now','-{days} days')"),
-    }
-}
-
 /// Sets a row's status (and attempts / last error) directly, as a relay would have left it.
 async fn set(td: &TestDb, id: i64, status: &str, attempts: i64, error: Option<&str>) {
     let error = error.map_or("NULL".to_string(), |e| format!("'{e}'"));
     td.exec(&format!(
         "UPDATE {{t}} SET status = '{status}', attempts = {attempts}, last_error = {error}
          WHERE id = {id}"
-    ))
-    .await;
-}
-
-/// Makes a row look last touched (and created) `days` days ago.
-async fn age(td: &TestDb, id: i64, days: u32) {
-    let t = days_ago(td.db, days);
-    td.exec(&format!(
-        "UPDATE {{t}} SET updated_at = {t}, created_at = {t} WHERE id = {id}"
     ))
     .await;
 }
@@ -93,12 +68,6 @@ async fn status_of(td: &TestDb, id: i64) -> Option<(String, i64)> {
         .await
         .expect("select")
         .map(|r| (r.get::<String, _>(0), r.get::<i64, _>(1)))
-}
-
-async fn exists(td: &TestDb, id: i64) -> bool {
-    td.scalar(&format!("SELECT COUNT(*) FROM {{t}} WHERE id = {id}"))
-        .await
-        == 1
 }
 
 /// The `failed` table's rows: (id, channel, attempts, last error).
@@ -305,81 +274,18 @@ async fn requeue_all_failed_with_channel_and_dry_run(db: Db) {
     td.drop_table().await;
 }
 
-per_db!(purge_never_deletes_pending_or_retry_rows);
-async fn purge_never_deletes_pending_or_retry_rows(db: Db) {
-    let Some(td) = TestDb::open(db, "adm_purge").await else {
-        return;
-    };
-    let old_pending = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    let old_retry = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    let old_success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    let new_success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    let old_failed = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    let new_failed = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    set(&td, old_retry, "RETRY", 3, Some("503")).await;
-    set(&td, old_success, "SUCCESS", 1, None).await;
-    set(&td, new_success, "SUCCESS", 1, None).await;
-    set(&td, old_failed, "FAILED", 10, Some("503")).await;
-    set(&td, new_failed, "FAILED", 10, Some("503")).await;
-    for id in [old_pending, old_retry, old_success, old_failed] {
-        age(&td, id, 30).await;
-    }
-
-    // Default status SUCCESS: only the old SUCCESS row goes.
-    let out = ok(&td, &["purge", "--older-than", "7d"]).await;
-    assert!(out.contains("deleted 1 SUCCESS row(s)"), "{out}");
-    assert!(!exists(&td, old_success).await);
-    for id in [old_pending, old_retry, new_success, old_failed, new_failed] {
-        assert!(exists(&td, id).await, "row {id} was deleted:\n{out}");
-    }
-
-    // FAILED rows only when asked for.
-    let out = ok(&td, &["purge", "--older-than", "7d", "--status", "FAILED"]).await;
-    assert!(out.contains("deleted 1 FAILED row(s)"), "{out}");
-    assert!(!exists(&td, old_failed).await);
-    for id in [old_pending, old_retry, new_success, new_failed] {
-        assert!(exists(&td, id).await, "row {id} was deleted:\n{out}");
-    }
-
-    // Even a zero age never reaches unfinished rows.
-    ok(&td, &["purge", "--older-than", "0s"]).await;
-    ok(&td, &["purge", "--older-than", "0s", "--status", "FAILED"]).await;
-    assert_eq!(td.counts().await, [1, 1, 0, 0]);
-    assert!(exists(&td, old_pending).await && exists(&td, old_retry).await);
-
-    // PENDING / RETRY cannot even be named; a bad duration is a usage error.
-    for args in [
-        &["purge", "--older-than", "7d", "--status", "PENDING"][..],
-        &["purge", "--older-than", "7d", "--status", "RETRY"][..],
-        &["purge", "--older-than", "soon"][..],
-        &["purge"][..],
-    ] {
-        let o = cli(&td, args).await;
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stdout(&o));
-    }
-    assert_eq!(td.counts().await, [1, 1, 0, 0]);
-    td.drop_table().await;
-}
-
-per_db!(status_shows_counts_oldest_pending_and_lease);
-async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
-    let Some(td) = TestDb::open(db, "adm_status").await else {
-        return;
-    };
-    let out = ok(&td, &["status"]).await;
-    assert!(out.contains("no rows"), "{out}");
-    assert!(out.contains("oldest pending: none"), "{out}");
-    assert!(out.contains("never taken"), "{out}");
-
+/// Six rows on channels alpha and beta, in every status; the oldest unfinished one was
+/// created an hour ago.
+async fn seed_every_status(td: &TestDb) {
     let mut ids = Vec::new();
     for ch in ["alpha", "alpha", "alpha", "beta", "beta", "alpha"] {
         ids.push(td.enqueue(ch, r#"{"n":1}"#, None).await);
     }
-    set(&td, ids[1], "SUCCESS", 1, None).await;
-    set(&td, ids[2], "FAILED", 10, Some("503")).await;
-    set(&td, ids[3], "RETRY", 2, Some("503")).await;
+    set(td, ids[1], "SUCCESS", 1, None).await;
+    set(td, ids[2], "FAILED", 10, Some("503")).await;
+    set(td, ids[3], "RETRY", 2, Some("503")).await;
     // The oldest unfinished row was created an hour ago.
-    let hour_ago = match db {
+    let hour_ago = match td.db {
         Db::Postgres => "(now() - interval '1 hour')",
         Db::MySql => "(NOW(6) - INTERVAL 1 HOUR)",
         Db::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now','-3600 seconds')",
@@ -389,14 +295,10 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
         ids[0]
     ))
     .await;
-    let epoch = td
-        .store
-        .lease_acquire(&td.table, "relay-a:42", Duration::from_secs(60))
-        .await
-        .expect("lease_acquire")
-        .expect("lease free");
+}
 
-    let out = ok(&td, &["status"]).await;
+/// The `status` table's (status, channel, count) lines, sorted.
+fn status_counts(out: &str) -> Vec<(String, String, i64)> {
     let mut counts = Vec::new();
     for l in out.lines() {
         let w: Vec<&str> = l.split_whitespace().collect();
@@ -409,6 +311,54 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
         }
     }
     counts.sort();
+    counts
+}
+
+/// The age `status` gives the oldest pending row, in seconds.
+fn oldest_pending_secs(out: &str) -> f64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("oldest pending: "))
+        .and_then(|s| s.strip_suffix('s'))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no oldest pending age in:\n{out}"))
+}
+
+/// Runs `status` configured for the Redis lease (at an address where nothing listens); it
+/// must succeed. Returns its stdout.
+async fn status_with_redis_lease(td: &TestDb) -> String {
+    let o = cli_env(
+        td,
+        &["status"],
+        &[
+            ("OUTBOX_RELAY__LEASE__BACKEND", "redis"),
+            ("OUTBOX_RELAY__LEASE__REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    )
+    .await;
+    let out = stdout(&o);
+    assert!(o.status.success(), "{out}");
+    out
+}
+
+per_db!(status_shows_counts_oldest_pending_and_lease);
+async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
+    let Some(td) = TestDb::open(db, "adm_status").await else {
+        return;
+    };
+    let out = ok(&td, &["status"]).await;
+    assert!(out.contains("no rows"), "{out}");
+    assert!(out.contains("oldest pending: none"), "{out}");
+    assert!(out.contains("never taken"), "{out}");
+
+    seed_every_status(&td).await;
+    let epoch = td
+        .store
+        .lease_acquire(&td.table, "relay-a:42", Duration::from_secs(60))
+        .await
+        .expect("lease_acquire")
+        .expect("lease free");
+
+    let out = ok(&td, &["status"]).await;
     let expected: Vec<(String, String, i64)> = [
         ("FAILED", "alpha", 1),
         ("PENDING", "alpha", 2),
@@ -419,14 +369,13 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
     .iter()
     .map(|(s, c, n)| (s.to_string(), c.to_string(), *n))
     .collect();
-    assert_eq!(counts, expected, "counts per status and channel:\n{out}");
+    assert_eq!(
+        status_counts(&out),
+        expected,
+        "counts per status and channel:\n{out}"
+    );
 
-    let oldest: f64 = out
-        .lines()
-        .find_map(|l| l.strip_prefix("oldest pending: "))
-        .and_then(|s| s.strip_suffix('s'))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no oldest pending age in:\n{out}"));
+    let oldest = oldest_pending_secs(&out);
     assert!(
         (3590.0..3700.0).contains(&oldest),
         "oldest pending {oldest}s, expected about an hour:\n{out}"
@@ -462,17 +411,7 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
         .await
         .expect("advance_epoch");
     assert_eq!(redis_epoch, epoch + 1);
-    let o = cli_env(
-        &td,
-        &["status"],
-        &[
-            ("OUTBOX_RELAY__LEASE__BACKEND", "redis"),
-            ("OUTBOX_RELAY__LEASE__REDIS_URL", "redis://127.0.0.1:1"),
-        ],
-    )
-    .await;
-    let out = stdout(&o);
-    assert!(o.status.success(), "{out}");
+    let out = status_with_redis_lease(&td).await;
     assert!(
         out.contains(&format!(
             "lease {}: epoch {redis_epoch} taken by relay-b:7 (the live lease is kept by the redis backend",
@@ -480,83 +419,6 @@ async fn status_shows_counts_oldest_pending_and_lease(db: Db) {
         )),
         "{out}"
     );
-    td.drop_table().await;
-}
-
-per_db!(retention_purge_all_deletes_only_old_finished_rows);
-/// What retention inside `run` does on each pass (see the module comment).
-async fn retention_purge_all_deletes_only_old_finished_rows(db: Db) {
-    let Some(td) = TestDb::open(db, "adm_retention").await else {
-        return;
-    };
-    // More old SUCCESS rows than one batch, so purge_all must loop.
-    let n_old = PURGE_BATCH as usize * 2 + 37;
-    let values = vec!["('alpha', '{}')"; n_old].join(", ");
-    td.exec(&format!(
-        "INSERT INTO {{t}} (channel, payload) VALUES {values}"
-    ))
-    .await;
-    td.exec(&format!(
-        "UPDATE {{t}} SET status = 'SUCCESS', updated_at = {}",
-        days_ago(db, 10)
-    ))
-    .await;
-    let fresh_success = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    set(&td, fresh_success, "SUCCESS", 1, None).await;
-    let old_pending = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    let old_retry = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    set(&td, old_retry, "RETRY", 3, Some("503")).await;
-    let failed_10d = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    set(&td, failed_10d, "FAILED", 10, Some("503")).await;
-    let failed_40d = td.enqueue("alpha", r#"{"n":1}"#, None).await;
-    set(&td, failed_40d, "FAILED", 10, Some("503")).await;
-    for id in [old_pending, old_retry] {
-        age(&td, id, 400).await;
-    }
-    age(&td, failed_10d, 10).await;
-    age(&td, failed_40d, 40).await;
-
-    let store = td.store.clone();
-    // The rules retention builds from success_after = "7d", failed_after = "30d".
-    let rules = [(Finished::Success, 7 * DAY), (Finished::Failed, 30 * DAY)];
-
-    // Stopped before it starts: deletes nothing.
-    let stopped = CancellationToken::new();
-    stopped.cancel();
-    let n = housekeeping::purge_all(store.as_ref(), &rules, &stopped, Duration::from_secs(60))
-        .await
-        .expect("purge_all");
-    assert_eq!(n, 0);
-
-    let n = housekeeping::purge_all(
-        store.as_ref(),
-        &rules,
-        &CancellationToken::new(),
-        Duration::from_secs(120),
-    )
-    .await
-    .expect("purge_all");
-    assert_eq!(
-        n,
-        n_old as u64 + 1,
-        "old SUCCESS rows and the 40-day FAILED row"
-    );
-    assert_eq!(td.counts().await, [1, 1, 1, 1]);
-    for id in [fresh_success, old_pending, old_retry, failed_10d] {
-        assert!(exists(&td, id).await, "row {id} was deleted");
-    }
-    assert!(!exists(&td, failed_40d).await);
-
-    // Idempotent: a second pass finds nothing.
-    let n = housekeeping::purge_all(
-        store.as_ref(),
-        &rules,
-        &CancellationToken::new(),
-        Duration::from_secs(60),
-    )
-    .await
-    .expect("purge_all");
-    assert_eq!(n, 0);
     td.drop_table().await;
 }
 

@@ -3,6 +3,56 @@
 
 use super::*;
 
+/// Whether row `id` reaches the receiver within 10 s.
+async fn arrives(rx: &Receiver, id: i64) -> bool {
+    rx.wait_until(
+        |r| r.iter().any(|q| q.id == Some(id)),
+        Duration::from_secs(10),
+    )
+    .await
+}
+
+/// Waits up to 10 s (for `what`) until row `id` is SUCCESS.
+async fn until_success(td: &TestDb, id: i64, what: impl std::fmt::Display) {
+    until(what, Duration::from_secs(10), || async {
+        status_of(td, id).await == "SUCCESS"
+    })
+    .await;
+}
+
+/// Clicks "requeue" on row `id`'s page.
+async fn requeue_row(c: &ConsoleClient, csrf: &str, id: i64) -> Answer {
+    c.post(&format!("/row/{id}/requeue"), &[("csrf", csrf)])
+        .await
+}
+
+/// Adds a FAILED hook row (error "late boom"), as if it failed after a confirmation page was
+/// shown; returns its id.
+async fn fail_a_late_row(td: &TestDb) -> i64 {
+    td.exec(&format!(
+        "INSERT INTO {{t}} (channel, payload, status, last_error) VALUES ('hook', '{{}}'{}, 'FAILED', 'late boom')",
+        if td.db == Db::Postgres { "::jsonb" } else { "" }
+    ))
+    .await;
+    td.scalar("SELECT MAX(id) FROM {t}").await
+}
+
+/// Every action was logged with who did it, four in all, and the token never was.
+fn assert_actions_logged(log: &str) {
+    let actions: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("console action"))
+        .collect();
+    assert_eq!(actions.len(), 4, "{log}");
+    assert!(
+        actions
+            .iter()
+            .all(|l| l.contains("operator \\\"alice\\\"") || l.contains("alice")),
+        "{actions:#?}"
+    );
+    assert!(!log.contains(TOKEN), "the token was logged");
+}
+
 async fn requeue_and_purge_with_the_cli_semantics(db: Db) {
     let Some(td) = TestDb::open(db, "console_act").await else {
         return;
@@ -16,26 +66,16 @@ async fn requeue_and_purge_with_the_cli_semantics(db: Db) {
 
     // One row: requeued, then delivered by the relay.
     let one = rows.boom[0];
-    let a = c
-        .post(&format!("/row/{one}/requeue"), &[("csrf", &csrf)])
-        .await;
+    let a = requeue_row(&c, &csrf, one).await;
     assert_eq!(a.status, 200, "{a:?}");
     assert!(a.body.contains("PENDING again"), "{}", a.body);
-    let delivered = rx
-        .wait_until(
-            |r| r.iter().any(|q| q.id == Some(one)),
-            Duration::from_secs(10),
-        )
-        .await;
-    assert!(delivered, "the requeued row was not delivered");
-    until("row delivered", Duration::from_secs(10), || async {
-        status_of(&td, one).await == "SUCCESS"
-    })
-    .await;
+    assert!(
+        arrives(&rx, one).await,
+        "the requeued row was not delivered"
+    );
+    until_success(&td, one, "row delivered").await;
     // A row that is not FAILED is left alone.
-    let a = c
-        .post(&format!("/row/{one}/requeue"), &[("csrf", &csrf)])
-        .await;
+    let a = requeue_row(&c, &csrf, one).await;
     assert!(a.body.contains("not FAILED"), "{}", a.body);
 
     // A selection: the confirmation counts, the POST requeues exactly those.
@@ -43,12 +83,7 @@ async fn requeue_and_purge_with_the_cli_semantics(db: Db) {
     assert!(confirm.body.contains("2 row(s) match"), "{}", confirm.body);
     let max_id = field(&confirm.body, "max_id").expect("max_id");
     // A row failing after the confirmation is not swept in.
-    td.exec(&format!(
-        "INSERT INTO {{t}} (channel, payload, status, last_error) VALUES ('hook', '{{}}'{}, 'FAILED', 'late boom')",
-        if db == Db::Postgres { "::jsonb" } else { "" }
-    ))
-    .await;
-    let late = td.scalar("SELECT MAX(id) FROM {t}").await;
+    let late = fail_a_late_row(&td).await;
     let a = c
         .post(
             "/requeue",
@@ -63,21 +98,9 @@ async fn requeue_and_purge_with_the_cli_semantics(db: Db) {
     assert!(a.body.contains("Requeued 2 row(s)"), "{}", a.body);
     for id in &rows.boom[1..] {
         let id = *id;
-        assert!(
-            rx.wait_until(
-                |r| r.iter().any(|q| q.id == Some(id)),
-                Duration::from_secs(10)
-            )
-            .await,
-            "row {id} not delivered"
-        );
+        assert!(arrives(&rx, id).await, "row {id} not delivered");
         // Its result is written after the receiver answered.
-        until(
-            format!("row {id} SUCCESS"),
-            Duration::from_secs(10),
-            || async { status_of(&td, id).await == "SUCCESS" },
-        )
-        .await;
+        until_success(&td, id, format!("row {id} SUCCESS")).await;
     }
     assert_eq!(status_of(&td, late).await, "FAILED");
     assert_eq!(status_of(&td, rows.timeout).await, "FAILED");
@@ -106,20 +129,7 @@ async fn requeue_and_purge_with_the_cli_semantics(db: Db) {
             .await,
         3
     );
-    // Every action was logged with who did it.
-    let log = relay.log_text();
-    let actions: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("console action"))
-        .collect();
-    assert_eq!(actions.len(), 4, "{log}");
-    assert!(
-        actions
-            .iter()
-            .all(|l| l.contains("operator \\\"alice\\\"") || l.contains("alice")),
-        "{actions:#?}"
-    );
-    assert!(!log.contains(TOKEN), "the token was logged");
+    assert_actions_logged(&relay.log_text());
     td.drop_table().await;
 }
 per_db!(requeue_and_purge_with_the_cli_semantics);

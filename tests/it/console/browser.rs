@@ -26,6 +26,13 @@ fn screenshot_path(name: &str) -> Option<PathBuf> {
         })
 }
 
+/// Saves the page to `docs/<name>` when screenshots are asked for.
+async fn screenshot(browser: &Browser, name: &str) {
+    if let Some(p) = screenshot_path(name) {
+        browser.screenshot(&p).await;
+    }
+}
+
 /// Serves, on another site (`localhost` rather than `127.0.0.1`), a page whose form posts to
 /// the console by itself: what a malicious page would do. Returns its URL.
 async fn attacker_page(target: &str) -> (String, tokio::task::JoinHandle<()>) {
@@ -111,9 +118,41 @@ async fn check_overview(browser: &Browser, base: &str, td: &TestDb) {
             "document.getElementById('live-tick').textContent.includes('updated')",
         )
         .await;
-    if let Some(p) = screenshot_path("console-overview.png") {
-        browser.screenshot(&p).await;
-    }
+    screenshot(browser, "console-overview.png").await;
+}
+
+/// Filtering failed rows by error text: the `boom` rows (given oldest first), newest first.
+async fn check_failed_filter(browser: &Browser, base: &str, boom: &[i64]) {
+    browser.goto(&format!("{base}/failed")).await;
+    browser.type_into("#f-error", "boom").await;
+    browser.click("#apply").await;
+    browser
+        .wait_for(
+            "the filtered list",
+            "location.search.includes('error=boom')",
+        )
+        .await;
+    let shown = browser
+        .script("return [...document.querySelectorAll('#failed tr[data-id]')].map(r => Number(r.dataset.id));")
+        .await;
+    let mut want = boom.to_vec();
+    want.reverse();
+    assert_eq!(shown, serde_json::json!(want));
+    screenshot(browser, "console-failed.png").await;
+}
+
+/// A page of another site posting to the console, in the logged-in browser: refused, and row
+/// `victim` stays FAILED.
+async fn check_cross_site_post_refused(browser: &Browser, base: &str, td: &TestDb, victim: i64) {
+    let (evil, server) = attacker_page(&format!("{base}/row/{victim}/requeue")).await;
+    browser.goto(&evil).await;
+    browser
+        .wait_for("the console's answer", "location.href.includes('/requeue')")
+        .await;
+    let page = browser.source().await;
+    assert!(page.contains("403") && page.contains("Refused"), "{page}");
+    assert_eq!(status_of(td, victim).await, "FAILED");
+    server.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,25 +185,7 @@ async fn console_in_a_real_browser() {
 
     check_overview(&browser, &base, &td).await;
 
-    // Filtering failed rows.
-    browser.goto(&format!("{base}/failed")).await;
-    browser.type_into("#f-error", "boom").await;
-    browser.click("#apply").await;
-    browser
-        .wait_for(
-            "the filtered list",
-            "location.search.includes('error=boom')",
-        )
-        .await;
-    let shown = browser
-        .script("return [...document.querySelectorAll('#failed tr[data-id]')].map(r => Number(r.dataset.id));")
-        .await;
-    let mut want = rows.boom.clone();
-    want.reverse();
-    assert_eq!(shown, serde_json::json!(want));
-    if let Some(p) = screenshot_path("console-failed.png") {
-        browser.screenshot(&p).await;
-    }
+    check_failed_filter(&browser, &base, &rows.boom).await;
 
     // A one-click requeue in the list asks first; Cancel changes nothing.
     let third = rows.boom[2];
@@ -185,9 +206,7 @@ async fn console_in_a_real_browser() {
         "{recipient}"
     );
     assert!(!browser.source().await.contains(SECRET_PAYLOAD));
-    if let Some(p) = screenshot_path("console-row.png") {
-        browser.screenshot(&p).await;
-    }
+    screenshot(&browser, "console-row.png").await;
     browser.click("#requeue").await;
     browser
         .wait_for("the result", "document.getElementById('result')")
@@ -208,16 +227,6 @@ async fn console_in_a_real_browser() {
     )
     .await;
 
-    // A page of another site posting to the console, in the logged-in browser: refused.
-    let victim = rows.boom[1];
-    let (evil, server) = attacker_page(&format!("{base}/row/{victim}/requeue")).await;
-    browser.goto(&evil).await;
-    browser
-        .wait_for("the console's answer", "location.href.includes('/requeue')")
-        .await;
-    let page = browser.source().await;
-    assert!(page.contains("403") && page.contains("Refused"), "{page}");
-    assert_eq!(status_of(&td, victim).await, "FAILED");
-    server.abort();
+    check_cross_site_post_refused(&browser, &base, &td, rows.boom[1]).await;
     td.drop_table().await;
 }

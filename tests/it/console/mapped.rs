@@ -101,6 +101,40 @@ async fn count_status(td: &TestDb, status: &str) -> i64 {
     .await
 }
 
+/// The overview: the table's counts under the relay's state names, on the one channel;
+/// delivered in the last hour and the oldest pending age by the mapped time columns.
+async fn assert_seed002_overview(c: &ConsoleClient, td: &TestDb) {
+    let page = c.get("/").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(page.body.contains(r#"id="mapped""#), "{}", page.body);
+    for (key, status, n) in [
+        ("pending", "PENDING", 2),
+        ("retry", "RETRY", 1),
+        ("failed", "FAILED", 4),
+    ] {
+        assert_eq!(count_status(td, status).await, n, "the seeded table");
+        assert_eq!(
+            cell(&page.body, "hook", key),
+            Some(n),
+            "{key} in:\n{}",
+            page.body
+        );
+    }
+    // Delivered in the last hour: by the table's updated_at (s-old is two hours old).
+    assert_eq!(
+        cell(&page.body, "hook", "delivered"),
+        Some(2),
+        "{}",
+        page.body
+    );
+    // created_at is mapped: the oldest pending row has an age.
+    let oldest = cell_html(&page.body, "hook", "oldest");
+    assert!(
+        oldest.ends_with('s') && !oldest.contains("not mapped"),
+        "{oldest}"
+    );
+}
+
 /// The failed list: newest first (`[timeout, boom2, boom1, old]`), with the error text;
 /// recipients are not in it; its filters.
 async fn assert_failed_list(c: &ConsoleClient, [timeout, boom2, boom1, old]: [i64; 4]) {
@@ -196,36 +230,7 @@ async fn seed002_table_in_the_console(db: Db) {
     let mut c = ConsoleClient::new(&base);
     assert_eq!(c.login(TOKEN, "alice").await.status, 303);
 
-    // The overview: the table's counts under the relay's state names, on the one channel.
-    let page = c.get("/").await;
-    assert_eq!(page.status, 200, "{}", page.body);
-    assert!(page.body.contains(r#"id="mapped""#), "{}", page.body);
-    for (key, status, n) in [
-        ("pending", "PENDING", 2),
-        ("retry", "RETRY", 1),
-        ("failed", "FAILED", 4),
-    ] {
-        assert_eq!(count_status(&td, status).await, n, "the seeded table");
-        assert_eq!(
-            cell(&page.body, "hook", key),
-            Some(n),
-            "{key} in:\n{}",
-            page.body
-        );
-    }
-    // Delivered in the last hour: by the table's updated_at (s-old is two hours old).
-    assert_eq!(
-        cell(&page.body, "hook", "delivered"),
-        Some(2),
-        "{}",
-        page.body
-    );
-    // created_at is mapped: the oldest pending row has an age.
-    let oldest = cell_html(&page.body, "hook", "oldest");
-    assert!(
-        oldest.ends_with('s') && !oldest.contains("not mapped"),
-        "{oldest}"
-    );
+    assert_seed002_overview(&c, &td).await;
 
     assert_failed_list(&c, [timeout, boom2, boom1, old]).await;
 

@@ -3,24 +3,15 @@
 
 use super::*;
 
-async fn pages_show_the_table_masked_and_escaped(db: Db) {
-    let Some(td) = TestDb::open(db, "console_pages").await else {
-        return;
-    };
-    let rx = Receiver::start(None).await;
-    let rows = seed(&td).await;
-    let (_relay, base) = start_relay(&td, &rx, |c| c).await;
-    let mut c = ConsoleClient::new(&base);
-    assert_eq!(c.login(TOKEN, "alice").await.status, 303);
-
-    // The overview's numbers are the table's.
+/// The overview's numbers are the table's; the channel without a sink and the lease holder
+/// are shown.
+async fn check_overview(c: &ConsoleClient, td: &TestDb) {
     let page = c.get("/").await;
     assert_eq!(page.status, 200);
     let count = |channel: &str, status: &str| {
         let sql = format!(
             "SELECT COUNT(*) FROM {{t}} WHERE channel = '{channel}' AND status = '{status}'"
         );
-        let td = &td;
         async move { td.scalar(&sql).await }
     };
     for (channel, key, status) in [
@@ -45,37 +36,51 @@ async fn pages_show_the_table_masked_and_escaped(db: Db) {
         page.body.contains("relay-console"),
         "the lease holder or instance is shown"
     );
+}
+
+/// The row ids the failed page at `path` lists.
+async fn ids_at(c: &ConsoleClient, path: &str) -> Vec<i64> {
+    failed_ids(&c.get(path).await.body)
+}
+
+async fn pages_show_the_table_masked_and_escaped(db: Db) {
+    let Some(td) = TestDb::open(db, "console_pages").await else {
+        return;
+    };
+    let rx = Receiver::start(None).await;
+    let rows = seed(&td).await;
+    let (_relay, base) = start_relay(&td, &rx, |c| c).await;
+    let mut c = ConsoleClient::new(&base);
+    assert_eq!(c.login(TOKEN, "alice").await.status, 303);
+
+    check_overview(&c, &td).await;
 
     // Filters: error text (case-insensitive), channel, created time range.
-    let ids = failed_ids;
-    let boom = c.get("/failed?error=boom").await;
     let mut want = rows.boom.clone();
     want.reverse();
-    assert_eq!(ids(&boom.body), want, "newest first");
+    assert_eq!(ids_at(&c, "/failed?error=boom").await, want, "newest first");
     assert_eq!(
-        ids(&c.get("/failed?channel=other").await.body),
+        ids_at(&c, "/failed?channel=other").await,
         vec![rows.old_other]
     );
     assert_eq!(
-        ids(&c.get("/failed?channel=hook&error=timeout").await.body),
+        ids_at(&c, "/failed?channel=hook&error=timeout").await,
         vec![rows.timeout]
     );
-    assert_eq!(ids(&c.get("/failed?from=1h").await.body).len(), 5);
-    assert!(ids(&c.get("/failed?to=1h").await.body).is_empty());
+    assert_eq!(ids_at(&c, "/failed?from=1h").await.len(), 5);
+    assert!(ids_at(&c, "/failed?to=1h").await.is_empty());
     assert_eq!(
-        ids(&c
-            .get("/failed?from=2000-01-01&to=2100-01-01%2000:00")
+        ids_at(&c, "/failed?from=2000-01-01&to=2100-01-01%2000:00")
             .await
-            .body)
-        .len(),
+            .len(),
         5
     );
-    assert!(ids(&c.get("/failed?from=2100-01-01").await.body).is_empty());
+    assert!(ids_at(&c, "/failed?from=2100-01-01").await.is_empty());
     let bad = c.get("/failed?from=soon").await;
     assert_eq!(bad.status, 400);
     assert!(bad.body.contains("created from"), "{}", bad.body);
     // Literal wildcards: `%` matches only a percent sign.
-    assert!(ids(&c.get("/failed?error=%25").await.body).is_empty());
+    assert!(ids_at(&c, "/failed?error=%25").await.is_empty());
 
     // Markup from the table is escaped.
     let other = c.get("/failed?channel=other").await.body;

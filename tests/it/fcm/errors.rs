@@ -2,50 +2,66 @@
 
 use super::*;
 
+/// The fake FCM's answer for each error class, chosen by the message's token; any other
+/// token is sent.
+fn answer_by_token(seen: &Seen) -> ResponseTemplate {
+    let body = seen.json();
+    match body["message"]["token"].as_str().unwrap_or("") {
+        "unregistered" => fcm_error(404, "NOT_FOUND", "UNREGISTERED"),
+        "invalid" => fcm_error(400, "INVALID_ARGUMENT", "INVALID_ARGUMENT"),
+        "mismatch" => fcm_error(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"),
+        "quota" => fcm_error(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED")
+            .insert_header("retry-after", "7"),
+        "ratelimit" => ResponseTemplate::new(429).set_body_json(json!({"error": {
+            "code": 429, "status": "RESOURCE_EXHAUSTED", "message": "Quota exceeded",
+            "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED"}]}})),
+        "unavailable" => {
+            fcm_error(503, "UNAVAILABLE", "UNAVAILABLE").insert_header("retry-after", "3")
+        }
+        "internal" => fcm_error(500, "INTERNAL", "INTERNAL"),
+        "apns" => fcm_error(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR"),
+        "denied" => ResponseTemplate::new(403).set_body_json(json!({"error": {
+            "code": 403, "status": "PERMISSION_DENIED",
+            "message": "Firebase Cloud Messaging API has not been used in project demo"}})),
+        "notfound" => ResponseTemplate::new(404).set_body_string("<html>Not Found</html>"),
+        "gateway" => ResponseTemplate::new(502).set_body_string("<html>Bad Gateway</html>"),
+        "slow" => ok().set_delay(Duration::from_secs(4)),
+        _ => ok(),
+    }
+}
+
+/// `o` is a permanent failure whose reason contains `what`.
+fn assert_permanent(o: &Outcome, what: &str) {
+    assert!(
+        matches!(o, Outcome::Permanent { reason } if reason.contains(what)),
+        "{what}: {o:?}"
+    )
+}
+
+/// `o` is a configuration error whose reason contains `what`.
+fn assert_config_error(o: &Outcome, what: &str) {
+    assert!(
+        matches!(o, Outcome::ConfigError { reason } if reason.contains(what)),
+        "{what}: {o:?}"
+    )
+}
+
+/// A loopback port nothing listens on (bound, then let go).
+fn dead_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 #[tokio::test]
 async fn every_fcm_error_class() {
-    let script: Script = Arc::new(|seen, _| {
-        let body = seen.json();
-        match body["message"]["token"].as_str().unwrap_or("") {
-            "unregistered" => fcm_error(404, "NOT_FOUND", "UNREGISTERED"),
-            "invalid" => fcm_error(400, "INVALID_ARGUMENT", "INVALID_ARGUMENT"),
-            "mismatch" => fcm_error(403, "PERMISSION_DENIED", "SENDER_ID_MISMATCH"),
-            "quota" => fcm_error(429, "RESOURCE_EXHAUSTED", "QUOTA_EXCEEDED")
-                .insert_header("retry-after", "7"),
-            "ratelimit" => ResponseTemplate::new(429).set_body_json(json!({"error": {
-                "code": 429, "status": "RESOURCE_EXHAUSTED", "message": "Quota exceeded",
-                "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": "RATE_LIMIT_EXCEEDED"}]}})),
-            "unavailable" => {
-                fcm_error(503, "UNAVAILABLE", "UNAVAILABLE").insert_header("retry-after", "3")
-            }
-            "internal" => fcm_error(500, "INTERNAL", "INTERNAL"),
-            "apns" => fcm_error(401, "UNAUTHENTICATED", "THIRD_PARTY_AUTH_ERROR"),
-            "denied" => ResponseTemplate::new(403).set_body_json(json!({"error": {
-                "code": 403, "status": "PERMISSION_DENIED",
-                "message": "Firebase Cloud Messaging API has not been used in project demo"}})),
-            "notfound" => ResponseTemplate::new(404).set_body_string("<html>Not Found</html>"),
-            "gateway" => ResponseTemplate::new(502).set_body_string("<html>Bad Gateway</html>"),
-            "slow" => ok().set_delay(Duration::from_secs(4)),
-            _ => ok(),
-        }
-    });
-    let fake = Fake::start(script).await;
+    let fake = Fake::start(Arc::new(|seen, _| answer_by_token(seen))).await;
     let sink = fake.sink("");
-    let permanent = |o: &Outcome, what: &str| {
-        assert!(
-            matches!(o, Outcome::Permanent { reason } if reason.contains(what)),
-            "{what}: {o:?}"
-        )
-    };
-    let config = |o: &Outcome, what: &str| {
-        assert!(
-            matches!(o, Outcome::ConfigError { reason } if reason.contains(what)),
-            "{what}: {o:?}"
-        )
-    };
-    permanent(&deliver(&sink, "unregistered", NOTE).await, "UNREGISTERED");
-    permanent(&deliver(&sink, "invalid", NOTE).await, "INVALID_ARGUMENT");
-    permanent(
+    assert_permanent(&deliver(&sink, "unregistered", NOTE).await, "UNREGISTERED");
+    assert_permanent(&deliver(&sink, "invalid", NOTE).await, "INVALID_ARGUMENT");
+    assert_permanent(
         &deliver(&sink, "mismatch", NOTE).await,
         "SENDER_ID_MISMATCH",
     );
@@ -71,12 +87,12 @@ async fn every_fcm_error_class() {
         deliver(&sink, "internal", NOTE).await,
         Outcome::Retry { after: None, .. }
     ));
-    config(
+    assert_config_error(
         &deliver(&sink, "apns", NOTE).await,
         "THIRD_PARTY_AUTH_ERROR",
     );
-    config(&deliver(&sink, "denied", NOTE).await, "PERMISSION_DENIED");
-    config(&deliver(&sink, "notfound", NOTE).await, "project_id");
+    assert_config_error(&deliver(&sink, "denied", NOTE).await, "PERMISSION_DENIED");
+    assert_config_error(&deliver(&sink, "notfound", NOTE).await, "project_id");
     assert!(matches!(
         deliver(&sink, "gateway", NOTE).await,
         Outcome::Retry { .. }
@@ -94,11 +110,7 @@ async fn every_fcm_error_class() {
     assert_eq!(fake.tokens.issued(), 1);
 
     // FCM unreachable (nothing listens on the port): retry.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = dead_port();
     let dead = sink_from_toml(
         &fake.toml(service_key(), &format!("http://127.0.0.1:{port}"), ""),
         "push",

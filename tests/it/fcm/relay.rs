@@ -26,6 +26,51 @@ fn configuration_errors_name_the_key() {
     assert!(e.starts_with("sinks.push.endpoint:"), "{e}");
 }
 
+/// The relay's config: a 50 ms poll, no lease, retries 1 to 2 s apart (3 attempts), and the
+/// sink `push` on `fake` with the key file `key_file`.
+fn relay_toml(fake: &Fake, key_file: &std::path::Path) -> String {
+    format!(
+        "[relay]\npoll_interval = \"50ms\"\n\n[lease]\nbackend = \"none\"\n\n\
+         [retry]\ninitial_backoff = \"1s\"\nmax_backoff = \"2s\"\nmax_attempts = 3\n\n\
+         [sinks.push]\nkind = \"fcm\"\ncredentials_file = \"{}\"\nendpoint = \"{}\"\n\
+         timeout = \"5s\"\n",
+        key_file.display(),
+        fake.server.uri()
+    )
+}
+
+/// Rows that fail: a dead token (FCM answers), a bad message (never sent).
+async fn bad_rows_fail_alone(outbox: &Outbox, relay: &Relay) {
+    let gone = outbox.enqueue("push", "gone", NOTE).await;
+    let bad = outbox
+        .enqueue("push", "device-c", r#"{"data":{"n":1}}"#)
+        .await;
+    outbox
+        .wait_status(relay, gone, "FAILED", Duration::from_secs(15))
+        .await;
+    outbox
+        .wait_status(relay, bad, "FAILED", Duration::from_secs(15))
+        .await;
+    assert!(outbox.row(gone).await.2.unwrap().contains("UNREGISTERED"));
+    assert!(
+        outbox
+            .row(bad)
+            .await
+            .2
+            .unwrap()
+            .contains("must be a string")
+    );
+}
+
+/// The service key's private PEM without its armour lines: what a leaked key would show.
+fn private_key_body() -> String {
+    service_key()
+        .private_pem
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect()
+}
+
 /// The relay binary: a 429 pauses the whole sink (no request reaches FCM during the pause,
 /// the throttled row keeps its attempts), bad rows fail alone, and at RUST_LOG=debug neither
 /// the private key nor an access token appears in the log.
@@ -44,17 +89,7 @@ async fn a_429_pauses_the_sink_and_no_secret_is_logged() {
     .await;
     let outbox = Outbox::create().await;
     let key_file = outbox.write("sa.json", &fake.credentials(service_key()));
-    let config = outbox.write(
-        "relay.toml",
-        &format!(
-            "[relay]\npoll_interval = \"50ms\"\n\n[lease]\nbackend = \"none\"\n\n\
-             [retry]\ninitial_backoff = \"1s\"\nmax_backoff = \"2s\"\nmax_attempts = 3\n\n\
-             [sinks.push]\nkind = \"fcm\"\ncredentials_file = \"{}\"\nendpoint = \"{}\"\n\
-             timeout = \"5s\"\n",
-            key_file.display(),
-            fake.server.uri()
-        ),
-    );
+    let config = outbox.write("relay.toml", &relay_toml(&fake, &key_file));
     let first = outbox.enqueue("push", "device-a", NOTE).await;
     let mut relay = Relay::start(&outbox, &config);
 
@@ -99,35 +134,11 @@ async fn a_429_pauses_the_sink_and_no_secret_is_logged() {
         "the throttle counted no attempt"
     );
 
-    // Rows that fail: a dead token (FCM answers), a bad message (never sent).
-    let gone = outbox.enqueue("push", "gone", NOTE).await;
-    let bad = outbox
-        .enqueue("push", "device-c", r#"{"data":{"n":1}}"#)
-        .await;
-    outbox
-        .wait_status(&relay, gone, "FAILED", Duration::from_secs(15))
-        .await;
-    outbox
-        .wait_status(&relay, bad, "FAILED", Duration::from_secs(15))
-        .await;
-    assert!(outbox.row(gone).await.2.unwrap().contains("UNREGISTERED"));
-    assert!(
-        outbox
-            .row(bad)
-            .await
-            .2
-            .unwrap()
-            .contains("must be a string")
-    );
+    bad_rows_fail_alone(&outbox, &relay).await;
     relay.stop().await;
 
     let log = relay.log();
     assert!(log.contains("sink paused"), "{log}");
     assert!(log.contains("DEBUG"), "the log was not at debug level");
-    let key_body: String = service_key()
-        .private_pem
-        .lines()
-        .filter(|l| !l.starts_with("-----"))
-        .collect();
-    relay.assert_log_free_of(&[&key_body, TOKEN_MARK]);
+    relay.assert_log_free_of(&[&private_key_body(), TOKEN_MARK]);
 }

@@ -382,80 +382,49 @@ impl Report {
     /// The summary table.
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
         let _ = writeln!(
             s,
             "\n==== chaos run: {} (seed {}, OUTBOX_RELAY_CHAOS_SEED={} to repeat) ====",
             self.scenario, self.seed, self.seed
         );
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
+        line(
+            &mut s,
             "run time",
-            format!("{:.1} s", self.elapsed.as_secs_f64())
+            format!("{:.1} s", self.elapsed.as_secs_f64()),
         );
-        let _ = writeln!(s, "{:<48} {:>12}", "rows", self.rows);
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
-            "  with an ordering key", self.keyed_rows
-        );
-        let _ = writeln!(s, "{:<48} {:>12}", "requests received", self.requests);
+        line(&mut s, "rows", self.rows);
+        line(&mut s, "  with an ordering key", self.keyed_rows);
+        line(&mut s, "requests received", self.requests);
         for (storm, n) in &self.requests_by_storm {
-            let _ = writeln!(
-                s,
-                "{:<48} {:>12}",
-                format!("  answered {}", storm.name()),
-                n
-            );
+            line(&mut s, format!("  answered {}", storm.name()), n);
         }
-        let _ = writeln!(s, "{:<48} {:>12}", "requests accepted (200)", self.accepted);
+        line(&mut s, "requests accepted (200)", self.accepted);
         let _ = writeln!(s, "faults injected:");
         for (k, n) in &self.faults {
-            let _ = writeln!(s, "{:<48} {:>12}", format!("  {}", k.name()), n);
+            line(&mut s, format!("  {}", k.name()), n);
         }
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
+        line(
+            &mut s,
             "rows lost",
-            self.lost.len() + self.committed_missing.len()
+            self.lost.len() + self.committed_missing.len(),
         );
-        let _ = writeln!(s, "{:<48} {:>12}", "rows left PENDING/RETRY", self.stuck);
-        let _ = writeln!(s, "{:<48} {:>12}", "rows FAILED", self.failed);
-        let dups: usize = self.duplicates.values().sum::<usize>() + self.unaccounted.len();
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
-            "duplicates (accepted more than once)", dups
-        );
-        for (cause, n) in &self.duplicates {
-            let _ = writeln!(s, "{:<48} {:>12}", format!("  {cause}"), n);
-        }
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
-            "  not accounted for by a fault",
-            self.unaccounted.len()
-        );
-        let worst = self.per_fault.iter().map(|&(_, d)| d).max().unwrap_or(0);
-        let _ = writeln!(s, "{:<48} {:>12}", "  most from one fault", worst);
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
+        line(&mut s, "rows left PENDING/RETRY", self.stuck);
+        line(&mut s, "rows FAILED", self.failed);
+        self.duplicate_lines(&mut s);
+        line(
+            &mut s,
             "per-key order violations",
-            self.order_violations.len()
+            self.order_violations.len(),
         );
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
+        line(
+            &mut s,
             "max wait, commit to first arrival",
-            ms(self.max_wait_arrival)
+            ms(self.max_wait_arrival),
         );
-        let _ = writeln!(
-            s,
-            "{:<48} {:>12}",
+        line(
+            &mut s,
             "max wait, commit to first acceptance",
-            ms(self.max_wait_accepted)
+            ms(self.max_wait_accepted),
         );
         if let Some((id, key, at)) = &self.slowest_row {
             let key = key.as_deref().unwrap_or("none");
@@ -464,29 +433,52 @@ impl Report {
                 "  (row {id}, ordering key {key}, committed at {at:.1} s)"
             );
         }
-        if !self.failovers.is_empty() {
-            let _ = writeln!(
-                s,
-                "failovers (holder killed or paused -> next delivery by another process):"
-            );
-            for (k, at, d) in &self.failovers {
-                let _ = writeln!(
-                    s,
-                    "{:<48} {:>12}",
-                    format!("  {} at {at:.1} s", k.name()),
-                    d.map_or("none".into(), ms)
-                );
-            }
-            let slowest = self.failovers.iter().filter_map(|f| f.2).max();
-            let _ = writeln!(
-                s,
-                "{:<48} {:>12}",
-                "  slowest",
-                slowest.map_or("-".into(), ms)
-            );
-        }
+        self.failover_lines(&mut s);
         s
     }
+
+    /// The table's duplicates: the total, by cause, those no fault accounts for, and the most
+    /// from one fault.
+    fn duplicate_lines(&self, s: &mut String) {
+        let dups: usize = self.duplicates.values().sum::<usize>() + self.unaccounted.len();
+        line(s, "duplicates (accepted more than once)", dups);
+        for (cause, n) in &self.duplicates {
+            line(s, format!("  {cause}"), n);
+        }
+        line(s, "  not accounted for by a fault", self.unaccounted.len());
+        let worst = self.per_fault.iter().map(|&(_, d)| d).max().unwrap_or(0);
+        line(s, "  most from one fault", worst);
+    }
+
+    /// The table's failovers, each and the slowest; nothing when there were none.
+    fn failover_lines(&self, s: &mut String) {
+        if self.failovers.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "failovers (holder killed or paused -> next delivery by another process):"
+        );
+        for (k, at, d) in &self.failovers {
+            line(
+                s,
+                format!("  {} at {at:.1} s", k.name()),
+                d.map_or("none".into(), ms),
+            );
+        }
+        let slowest = self.failovers.iter().filter_map(|f| f.2).max();
+        line(s, "  slowest", slowest.map_or("-".into(), ms));
+    }
+}
+
+/// One line of the summary table: the label left in 48 columns, the value right in 12.
+fn line(s: &mut String, label: impl std::fmt::Display, value: impl std::fmt::Display) {
+    let _ = writeln!(s, "{label:<48} {value:>12}");
+}
+
+/// A duration in whole milliseconds, as the table shows it.
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
 #[cfg(test)]
