@@ -430,6 +430,12 @@ impl Cursors {
                 Resolution::Release { delay, .. } => later(*delay),
                 _ => None,
             };
+            if let (Some(key), Resolution::Retry { .. } | Resolution::Release { .. }) =
+                (&key, &d.resolution)
+            {
+                // The row itself is unfinished again: its key must be read from it.
+                s.ahead.forget(key);
+            }
             match (key, delay) {
                 (Some(key), Some(delay)) => {
                     s.remember_due(now, delay, Due::Key(KeyRef { key, row: d.id }))
@@ -500,6 +506,36 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A key taken as its only row, delivered: nothing to read when it is freed. Given back
+    /// instead: the key is read again, from that very row.
+    #[test]
+    fn a_key_known_empty_is_read_again_only_when_its_row_comes_back() {
+        let alone = Choice {
+            ahead: vec![super::super::choose::Ahead {
+                key: "k".into(),
+                took: vec![5],
+                after: None,
+                rows: vec![],
+            }],
+            ..Choice::default()
+        };
+        let c = Cursors::reading_ahead();
+        c.claimed(&alone, &[row(5)], true);
+        c.completed(&[delivered(5)]);
+        assert!(keys_read(&c).is_empty());
+        let c = Cursors::reading_ahead();
+        c.claimed(&alone, &[row(5)], true);
+        let back = Completion {
+            resolution: Resolution::Release {
+                delay: Duration::ZERO,
+                error: None,
+            },
+            ..delivered(5)
+        };
+        c.completed(&[back]);
+        assert_eq!(keys_read(&c).iter().map(|k| k.row).collect::<Vec<_>>(), [5]);
     }
 
     /// A key's run finishes while a claim that read the key (and found its next row still

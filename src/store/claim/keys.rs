@@ -88,6 +88,12 @@ impl ReadAhead {
         }
     }
 
+    /// Forgets what was read ahead of `key` (its row in flight was given back or will be
+    /// retried: the key is not empty behind it, it is that row).
+    pub fn forget(&mut self, key: &str) {
+        self.keys.remove(key);
+    }
+
     /// Whether `key` was read, less than [`EMPTY_FOR`] before `now`, with no unfinished row
     /// behind `row` (its tail then, in flight or just finished), and no window has read a row
     /// of it since. Such a key need not be read behind that tail, nor from its first row once
