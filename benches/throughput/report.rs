@@ -34,11 +34,11 @@ pub(crate) fn print_markdown(
 ) {
     println!();
     println!(
-        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with no database (the header says by which client: wrk at the best of several connection counts when installed, else the bench's own client with the same sends at once), the mean of the ceilings measured right before and right after the main run (for the relay binary's columns: before its first and after its second run); CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; under a backlog = rows committed one by one while the main run's backlog drains: the worst commit-to-arrival time and the most backlog rows sent between a row's commit and its arrival; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
+        "== markdown summary (defaults; share = relay rows/s / receiver ceiling measured in this run with no database (the header says by which client: wrk at the best of several connection counts when installed, else the bench's own client with the same sends at once), the mean of the ceilings measured right before and right after the main run (for the relay binary's columns: before its first and after its second run); CPU = microseconds per row of this process (relay, and receiver when in process) / of the database server / of the rest (the Node receiver when used, other work); latency = commit of a one-row transaction to its arrival at the receiver, p50 / p99 / max; under a backlog = rows committed one by one while the main run's backlog drains: the worst commit-to-arrival time and the most backlog rows sent between a row's commit and its arrival; RSS = the release binary run as its own process with the defaults, idle, and at its peak draining a backlog; started on a backlog = the release binary with the defaults and the database lease, started on a table already holding the main run's rows: spawn to first send, and rows/s from the spawn; then on five times as many rows of 20 ordering keys: rows/s from the spawn, and its ratio to the unkeyed start; idle = the release binary with the defaults on an empty table, statements per second as the database server counts them (PostgreSQL: transactions; MariaDB: Questions, BEGIN and COMMIT included; SQLite: no server))"
     );
     println!();
     println!(
-        "| database | receiver ceiling (req/s; {}): before / after the main run; around the binary's runs (own client around the main run) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | a row committed under a backlog: worst wait, backlog rows sent first | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share) | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |",
+        "| database | receiver ceiling (req/s; {}): before / after the main run; around the binary's runs (own client around the main run) | relay (rows/s) | share of ceiling | statements / row | CPU µs / row: bench process / database server / rest | latency at 100 rows/s (ms) | latency at 1,000 rows/s (ms) | a row committed under a backlog: worst wait, backlog rows sent first | relay binary as its own process (rows/s, share) | relay binary started on a backlog: first send (ms), rows/s (share); on a keyed backlog: rows/s, x the unkeyed | RSS of the relay binary, idle / peak (MiB) | idle relay binary: statements / s at the server |",
         CeilingClient::get().label()
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
@@ -110,9 +110,13 @@ fn print_leader_line(
             .iter()
             .find(|(db, _)| *db == s.db)
             .map_or("-".into(), |(_, r)| format!(
-                "{:.0}, {}",
+                "{:.0}, {}{}",
                 r.first_send.as_secs_f64() * 1000.0,
-                of_ceiling(r.rows_per_sec, r.ceiling)
+                of_ceiling(r.rows_per_sec, r.ceiling),
+                r.keyed.map_or(String::new(), |(n, keyed)| format!(
+                    "; {n} rows of {KEYED_START_KEYS} keys: {keyed:.0}, {:.2}x",
+                    keyed / r.rows_per_sec
+                ))
             )),
         rss.map_or("-".into(), |r| format!(
             "{:.1} / {:.1}",
