@@ -1,5 +1,5 @@
-//! The leader section's keyed variations (issue 36): backlogs of ordering keys drained with
-//! the defaults, each compared with the unkeyed main run of the same run. Rows take their keys
+//! The leader section's keyed variations (issue 36, and a key per row): backlogs of ordering
+//! keys drained with the defaults, each compared with the unkeyed main run of the same run. Rows take their keys
 //! round-robin, so consecutive rows belong to different keys, and once the head of every key
 //! is in flight each row left waits behind one (docs/performance.md, "Open").
 
@@ -41,6 +41,15 @@ pub(crate) const KEYED_CASES: [KeyedCase; 3] = [
     },
 ];
 
+/// Beyond issue 36's cases: a key per row (a key per aggregate, most aggregates with one
+/// event), against the target of many keys. No target table column; printed and summarised.
+pub(crate) const KEY_PER_ROW: KeyedCase = KeyedCase {
+    keys: 20_000,
+    rows_per_key: 1,
+    mixed: false,
+    target: 0.8,
+};
+
 impl KeyedCase {
     /// `200 keys x 100 rows`, `unkeyed among 20 keys x 1000 rows`.
     pub(crate) fn label(&self) -> String {
@@ -80,7 +89,7 @@ impl KeyedRun {
 /// Runs every case of [`KEYED_CASES`] on `db`, prints each, and keeps them in the section.
 pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Receiver) {
     let db = s.db;
-    for case in KEYED_CASES {
+    for case in KEYED_CASES.into_iter().chain([KEY_PER_ROW]) {
         match keyed_run(db, url, receiver, case).await {
             Ok(k) => {
                 print_relay(db, "keyed", &k.run);
