@@ -10,10 +10,7 @@ async fn claim_takes_due_rows_in_id_order(db: Db) {
         return;
     };
     let store = td.store.clone();
-    let mut all = Vec::new();
-    for _ in 0..7 {
-        all.push(td.enqueue("log", r#"{"n":1}"#, None).await);
-    }
+    let all = td.enqueue_n("log", r#"{"n":1}"#, 7).await;
     // The last two rows are not due yet.
     let future = db_time(db, 3600);
     td.exec(&format!(

@@ -308,10 +308,7 @@ async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claim
         return;
     };
     let store = td.store.clone();
-    let mut rows = Vec::new();
-    for _ in 0..3 {
-        rows.push(td.enqueue("hook", "{}", None).await);
-    }
+    let rows = td.enqueue_n("hook", "{}", 3).await;
     let poll = || ClaimRequest {
         tails: Vec::new(),
         trace: false,

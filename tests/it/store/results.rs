@@ -95,10 +95,7 @@ async fn complete_writes_each_resolution(db: Db) {
         return;
     };
     let store = td.store.clone();
-    let mut row = Vec::new();
-    for _ in 0..4 {
-        row.push(td.enqueue("log", r#"{"n":1}"#, None).await);
-    }
+    let row = td.enqueue_n("log", r#"{"n":1}"#, 4).await;
     let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
     assert_eq!(ids(&rows), row);
     assert_eq!(complete(&*store, &one_of_each(&req, &row)).await, 4);

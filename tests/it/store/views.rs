@@ -52,15 +52,6 @@ async fn the_gauge_sample_counts_delivered_rows_only_when_asked(db: Db) {
     td.drop_table().await;
 }
 
-/// Enqueues `n` rows of `channel`; returns their ids.
-async fn enqueue_n(td: &TestDb, channel: &str, n: usize) -> Vec<i64> {
-    let mut ids = Vec::with_capacity(n);
-    for _ in 0..n {
-        ids.push(td.enqueue(channel, r#"{"n":1}"#, None).await);
-    }
-    ids
-}
-
 /// Claims the eight rows and writes what the views are to report: a[0], a[1] -> SUCCESS;
 /// a[2] -> FAILED; b[0], b[1] -> FAILED; the rest released, due at once.
 async fn finish_some(store: &SqlStore, a: &[i64], b: &[i64]) {
@@ -137,8 +128,8 @@ async fn status_and_failed_report_the_table(db: Db) {
     assert!(empty.oldest_pending.is_none());
     assert!(empty.lease.is_none());
 
-    let a = enqueue_n(&td, "a", 5).await;
-    let b = enqueue_n(&td, "b", 3).await;
+    let a = td.enqueue_n("a", r#"{"n":1}"#, 5).await;
+    let b = td.enqueue_n("b", r#"{"n":1}"#, 3).await;
     // The oldest pending row was created an hour ago.
     td.exec(&format!(
         "UPDATE {{t}} SET created_at = {} WHERE id = {}",

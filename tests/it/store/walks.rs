@@ -16,10 +16,7 @@ async fn a_retry_below_the_floor_is_claimed_when_due_while_walks_are_far_apart(d
         return;
     };
     let store = td.store.clone();
-    let mut rows = Vec::new();
-    for _ in 0..3 {
-        rows.push(td.enqueue("hook", "{}", None).await);
-    }
+    let rows = td.enqueue_n("hook", "{}", 3).await;
     let budget = |n: u32| hook_request(n, "a");
     // The whole budget came back: the floor is the highest row at once.
     let first = budget(3);

@@ -251,6 +251,16 @@ impl TestDb {
         bounded("enqueue", self.store.enqueue(&row)).await
     }
 
+    /// Enqueues `n` rows of `channel` with `payload`, one by one through [`TestDb::enqueue`];
+    /// returns their ids in order.
+    pub async fn enqueue_n(&self, channel: &str, payload: &str, n: usize) -> Vec<i64> {
+        let mut ids = Vec::with_capacity(n);
+        for _ in 0..n {
+            ids.push(self.enqueue(channel, payload, None).await);
+        }
+        ids
+    }
+
     /// Waits until every row is SUCCESS (and there is at least one); after `timeout` panics
     /// with the counts and the first unfinished rows. PostgreSQL only.
     pub async fn wait_all_success(&self, timeout: Duration) {
