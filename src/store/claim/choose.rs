@@ -91,9 +91,6 @@ pub struct Choice {
     /// Per key read, the rows it read and did not take, right behind those it took (none:
     /// the part read the key behind a tail and found no row at all).
     pub ahead: Vec<Ahead>,
-    /// The ordering keys of the rows the channels' windows read: a key read as empty behind
-    /// its tail that has a row here is read again.
-    pub window_keys: Vec<String>,
 }
 
 /// Rows of a key a claim read and did not take, in id order, each free when read, right
@@ -289,8 +286,6 @@ impl Chooser {
         let mut settled = from;
         let mut took = 0;
         let mut open = true;
-        let keys = rows.iter().filter_map(|r| r.key.clone());
-        self.choice.window_keys.extend(keys);
         for row in &rows {
             if row.claimable() {
                 if !open || !self.take(row, true) {
@@ -321,13 +316,10 @@ impl Chooser {
     /// A newest window: its claimable rows, newest first, while the channel's newest share
     /// lasts.
     fn newest(&mut self, channel: &str, rows: &[Candidate]) {
-        let rows: Vec<&Candidate> = rows
+        for row in rows
             .iter()
             .filter(|r| r.channel.as_deref() == Some(channel))
-            .collect();
-        let keys = rows.iter().filter_map(|r| r.key.clone());
-        self.choice.window_keys.extend(keys);
-        for row in rows {
+        {
             if self.newest_left.get(channel).copied().unwrap_or(0) == 0 {
                 return;
             }
@@ -530,7 +522,7 @@ mod tests {
     }
 
     /// A window's head known to be its key's only unfinished row marks its key empty behind
-    /// it (and only if taken); every key a window read is listed.
+    /// it (and only if taken).
     #[test]
     fn a_taken_head_that_is_its_keys_last_row_marks_the_key_empty_behind_it() {
         let mut rows = vec![
@@ -549,7 +541,6 @@ mod tests {
             rows: vec![],
         };
         assert_eq!(c.ahead, [empty], "3 is the last of `i` but not taken");
-        assert_eq!(c.window_keys, ["k", "j", "i"]);
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::choose::{Choice, KeyFate};
+use super::choose::{Candidate, Choice, KeyFate};
 use super::keys::{ReadAhead, key_parts};
 use super::plan::{KeyRef, NEWEST_WINDOW, Part, budgets, gaps, oldest_window};
 use crate::store::model::{ClaimRequest, ClaimedRow, Completion, Resolution};
@@ -410,6 +410,11 @@ impl Cursors {
                 c.floor = Some(c.floor.map_or(settled, |f| f.max(settled)));
             }
         }
+    }
+
+    /// What a claim read, before it chooses from it (see [`ReadAhead::saw`]).
+    pub fn saw(&self, found: &[(Part, Vec<Candidate>)]) {
+        self.lock().ahead.saw(found);
     }
 
     /// After results were written: a keyed row that finished or was given back frees its

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::RUN;
-use super::choose::Choice;
+use super::choose::{Candidate, Choice};
 use super::plan::{KeyRef, Part};
 use crate::store::model::{ClaimRequest, ClaimedRow, Tail};
 
@@ -65,13 +65,6 @@ impl ReadAhead {
         for (key, _) in &choice.keys {
             self.keys.remove(&key.key);
         }
-        // A window read a row of a key known as empty: it is empty no longer, or the row was
-        // passed as behind the key's tail ("windows past keys in flight").
-        for key in &choice.window_keys {
-            if self.keys.get(key).is_some_and(|a| a.rows.is_empty()) {
-                self.keys.remove(key);
-            }
-        }
         let at = Instant::now();
         let got: HashSet<i64> = claimed.iter().map(|r| r.delivery.id).collect();
         for a in &choice.ahead {
@@ -85,6 +78,23 @@ impl ReadAhead {
             };
             let rows = a.rows.clone();
             self.keys.insert(a.key.clone(), Ahead { after, rows, at });
+        }
+    }
+
+    /// Before a claim chooses from what it read (and so before it learns): a key known as
+    /// empty that a channel's window read a row of is empty no longer, or the row was passed
+    /// as behind the key's tail ("windows past keys in flight"); it is read again.
+    pub fn saw(&mut self, found: &[(Part, Vec<Candidate>)]) {
+        if !self.on {
+            return;
+        }
+        let windows = found
+            .iter()
+            .filter(|(p, _)| matches!(p, Part::Window { .. }));
+        for key in windows.flat_map(|(_, rows)| rows.iter().filter_map(|r| r.key.as_deref())) {
+            if self.keys.get(key).is_some_and(|a| a.rows.is_empty()) {
+                self.keys.remove(key);
+            }
         }
     }
 
@@ -316,11 +326,22 @@ mod tests {
         assert_eq!(freed_by(&ahead, 12), 1, "freed by another row: read");
         assert_eq!(parts(&ahead, 10, now + EMPTY_FOR), 1, "read again later");
         // A window read a row of `k` (a row passed behind the tail, or one that came since).
-        let seen = Choice {
-            window_keys: vec!["k".into()],
-            ..Choice::default()
+        let seen = Candidate {
+            id: 20,
+            channel: Some("hook".into()),
+            key: Some("k".into()),
+            free: true,
+            head: false,
+            last: false,
         };
-        ahead.learn(&seen, &[]);
+        let window = Part::Window {
+            channel: "hook".into(),
+            from: None,
+            rows: 10,
+            newest: false,
+            sweep: false,
+        };
+        ahead.saw(&[(window, vec![seen])]);
         assert_eq!(parts(&ahead, 10, now), 1, "a window saw a row: read");
         // Not reading ahead: every key is read.
         let mut off = ReadAhead::default();

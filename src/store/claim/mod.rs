@@ -351,6 +351,7 @@ impl Claims {
         let _writing = db.writing().await;
         let mut left = budgets(req);
         let mut found = self.read_all(db, &planned, &left).await?;
+        self.cursors.saw(&found);
         let mut claimed: Vec<ClaimedRow> = Vec::new();
         let mut choice = Choice::default();
         let mut chose_any = false;
