@@ -29,11 +29,13 @@ const FLUSH_ROWS: usize = 256;
 /// A write of fewer results than this waits up to [`GATHER`] for more: under load more arrive
 /// within a millisecond or two, and one statement for 128 rows costs the database far less
 /// than several for a few each (against a Node receiver, batches of about 50 made PostgreSQL's
-/// statements per delivered row 0.018-0.022; 128 made them 0.016-0.017). Never more than
-/// `max_in_flight` ([`gather_rows`]): with 64 in flight a wait for 128 results always ran its
-/// whole course while every slot waited on it (0.6x the rows/s; a quarter, 16, was 0.87x of
-/// waiting for all 64). Idle, a lone result waits at most [`GATHER`].
-const GATHER_ROWS: usize = 128;
+/// statements per delivered row 0.018-0.022; 128 made them 0.016-0.017; 256 took MariaDB's
+/// result writes from 0.0052 to 0.0037 a row at the same rows/s, docs/performance-log.md,
+/// 2026-12-06). Never more than `max_in_flight` ([`gather_rows`]): with 64 in flight a wait
+/// for 128 results always ran its whole course while every slot waited on it (0.6x the
+/// rows/s; a quarter, 16, was 0.87x of waiting for all 64). Idle, a lone result waits at most
+/// [`GATHER`].
+const GATHER_ROWS: usize = 256;
 /// See [`GATHER_ROWS`]: short next to a send and a claim, so the slots it holds back cost
 /// little (the relay has `max_in_flight` of them, eight times a sink's sends at once). At
 /// 2 ms, a receiver answering at a third of the usual rate left writes of about 90 results
@@ -336,9 +338,9 @@ mod tests {
     #[test]
     fn a_small_write_never_waits_for_more_rows_than_can_be_in_flight() {
         let default = crate::config::RelaySettings::default().max_in_flight;
-        assert_eq!(gather_rows(default), 128, "the default");
+        assert_eq!(gather_rows(default), 256, "the default");
         assert_eq!(gather_rows(100_000), GATHER_ROWS);
-        assert_eq!(gather_rows(64), 64, "64 in flight can never gather 128");
+        assert_eq!(gather_rows(64), 64, "64 in flight can never gather 256");
         assert_eq!(gather_rows(1), 1);
     }
 }
