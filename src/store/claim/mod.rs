@@ -32,6 +32,7 @@ pub mod plan;
 pub mod read;
 pub mod returned;
 pub mod rule;
+pub mod windows;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -44,6 +45,7 @@ use self::cursor::{Cursors, Planned};
 use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
 use self::returned::to_claimed;
+use self::windows::WindowsAhead;
 use crate::BoxFuture;
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, ClaimedRow, Completion, Probe};
@@ -329,6 +331,7 @@ pub fn free_and_open(db: &Db) -> String {
 pub struct Claims {
     sql: Box<dyn ClaimSql>,
     cursors: Cursors,
+    windows: WindowsAhead,
 }
 
 impl Claims {
@@ -337,7 +340,11 @@ impl Claims {
             true => Cursors::reading_ahead(),
             false => Cursors::default(),
         };
-        Claims { sql, cursors }
+        Claims {
+            sql,
+            cursors,
+            windows: WindowsAhead::default(),
+        }
     }
 
     /// The claim (`Queue::claim`): the read, the choice, the claim of the chosen rows, in id
@@ -350,12 +357,16 @@ impl Claims {
         let planned = self.cursors.plan(req);
         let _writing = db.writing().await;
         let mut left = budgets(req);
-        let mut found = self.read_all(db, &planned, &left).await?;
+        let mut found = match self.windows.instead_of(&planned, req, &left) {
+            Some(kept) => kept,
+            None => self.read_all(db, &planned, &left).await?,
+        };
         self.cursors.saw(&found);
         let mut claimed: Vec<ClaimedRow> = Vec::new();
         let mut choice = Choice::default();
         let mut chose_any = false;
-        for _ in 0..ROUNDS {
+        let mut whole_at_once = false;
+        for round in 0..ROUNDS {
             choice = choose(&found, &left, RUN);
             if choice.ids.is_empty() {
                 break;
@@ -370,6 +381,7 @@ impl Claims {
             spend(&mut left, &got, &choice.newest);
             claimed.extend(got);
             if complete {
+                whole_at_once = round == 0;
                 break;
             }
         }
@@ -379,6 +391,9 @@ impl Claims {
         // next one should look.
         let looked = !(claimed.is_empty() && chose_any);
         self.cursors.claimed(&choice, &claimed, looked);
+        if whole_at_once {
+            self.windows.learn(&found, &choice);
+        }
         Ok(claimed)
     }
 

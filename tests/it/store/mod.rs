@@ -24,6 +24,7 @@ mod migrate;
 mod results;
 mod views;
 mod walks;
+mod windows;
 
 fn token() -> Arc<str> {
     outbox_relay::random_token().into()
