@@ -392,7 +392,7 @@ impl Claims {
         let looked = !(claimed.is_empty() && chose_any);
         self.cursors.claimed(&choice, &claimed, looked);
         if whole_at_once {
-            self.windows.learn(&found, &choice);
+            self.windows.learn(found, &choice);
         }
         Ok(claimed)
     }

@@ -17,7 +17,7 @@
 //! channel's whole budget, and never after [`KEPT_FOR`]. Rows with an ordering key are never
 //! kept: whether one is claimable depends on rows the claim took.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -85,14 +85,14 @@ impl WindowsAhead {
     /// After a claim whose read was `found` and whose first choice, `choice`, it got whole:
     /// keeps each oldest window's rows above where the floor now stands, when the read was
     /// nothing but one oldest window per channel.
-    pub fn learn(&self, found: &[(Part, Vec<Candidate>)], choice: &Choice) {
+    pub fn learn(&self, found: Found, choice: &Choice) {
         let mut kept: HashMap<String, Kept> = HashMap::new();
-        let mut windows = std::collections::HashSet::new();
+        let mut windows = HashSet::new();
         for (part, rows) in found {
-            let Some((channel, from)) = oldest_window(part) else {
+            let Some((channel, from)) = oldest_window(&part) else {
                 return;
             };
-            if !windows.insert(channel) {
+            if !windows.insert(channel.clone()) {
                 // Read on past a window: not one window a channel.
                 return;
             }
@@ -108,10 +108,9 @@ impl WindowsAhead {
             }
             let above = seen.settled;
             let rest: Vec<Candidate> = rows
-                .iter()
+                .into_iter()
                 .filter(|r| above.is_none_or(|s| r.id > s))
                 .filter(|r| r.channel.as_deref() == Some(channel.as_str()))
-                .cloned()
                 .collect();
             if rest.is_empty() || rest.iter().any(|r| r.key.is_some()) {
                 continue;

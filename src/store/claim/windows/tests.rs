@@ -43,7 +43,7 @@ fn after_first_claim(keyed: Option<i64>) -> WindowsAhead {
     let choice = choose(&found, &budgets(&request()), 16);
     assert_eq!(choice.ids, (1..=10).collect::<Vec<_>>());
     let kept = WindowsAhead::default();
-    kept.learn(&found, &choice);
+    kept.learn(found, &choice);
     kept
 }
 
@@ -147,6 +147,6 @@ fn windows_with_keyed_rows_or_at_the_channels_end_keep_nothing() {
     let found = vec![(window(None, 20), rows)];
     let choice = choose(&found, &b, 16);
     let kept = WindowsAhead::default();
-    kept.learn(&found, &choice);
+    kept.learn(found, &choice);
     assert!(kept.lock().is_empty());
 }
