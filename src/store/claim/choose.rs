@@ -60,6 +60,9 @@ pub struct Seen {
     /// It read all the rows it asked for, every one settled, and its channel still has
     /// room: the claim reads on past it.
     pub wants_more: bool,
+    /// What its channel's oldest share still had room for once every part was chosen from:
+    /// the next window's size, when the claim reads on.
+    pub room: u32,
 }
 
 /// What became of a key the claim read.
@@ -168,16 +171,13 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         }
     }
     let room = |ch: &str| {
-        c.left.get(ch).copied().unwrap_or(0) > c.newest_left.get(ch).copied().unwrap_or(0)
+        let left = c.left.get(ch).copied().unwrap_or(0);
+        left.saturating_sub(c.newest_left.get(ch).copied().unwrap_or(0))
     };
-    let wants: Vec<bool> = c
-        .choice
-        .seen
-        .iter()
-        .map(|s| s.wants_more && room(&s.channel))
-        .collect();
-    for (seen, wants) in c.choice.seen.iter_mut().zip(wants) {
-        seen.wants_more = wants;
+    let rooms: Vec<u32> = c.choice.seen.iter().map(|s| room(&s.channel)).collect();
+    for (seen, room) in c.choice.seen.iter_mut().zip(rooms) {
+        seen.wants_more &= room > 0;
+        seen.room = room;
     }
     c.choice
 }
@@ -310,6 +310,7 @@ impl Chooser {
             asked,
             // Decided once every part is chosen from (see `choose`).
             wants_more: open && !reached_end && !sweep,
+            room: 0,
         });
     }
 
@@ -407,6 +408,22 @@ mod tests {
         assert_eq!(c.seen[0].settled, Some(4));
         assert!(!c.seen[0].reached_end);
         assert_eq!(c.seen[0].took, 2);
+    }
+
+    #[test]
+    fn a_small_window_taken_whole_is_read_on_past_with_a_window_for_the_room_left() {
+        // A first window made small (64) by keys in flight whose rows behind their tails
+        // were not there: the next window reads twice the 136 rows of room left, not 64.
+        let rows: Vec<Candidate> = (1..=64).map(|id| row(id, None, true, true)).collect();
+        let c = choose(&[(window(None, 64), rows)], &budget(200, 0), 1);
+        assert_eq!((c.seen[0].took, c.seen[0].room), (64, 136));
+        assert!(c.seen[0].wants_more);
+        assert_eq!(super::super::read_on(&c), [window(Some(64), 272)]);
+        // No room left: no more reads.
+        let rows: Vec<Candidate> = (1..=64).map(|id| row(id, None, true, true)).collect();
+        let c = choose(&[(window(None, 64), rows)], &budget(64, 0), 1);
+        assert_eq!(c.seen[0].room, 0);
+        assert!(super::super::read_on(&c).is_empty());
     }
 
     #[test]

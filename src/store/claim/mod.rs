@@ -497,7 +497,10 @@ fn read_on(choice: &Choice) -> Vec<Part> {
         .map(|s| Part::Window {
             channel: s.channel.clone(),
             from: s.settled,
-            rows: s.asked,
+            // Twice the room left, as a first window for that budget would read: a first
+            // window made small by the keys in flight it counted on (their rows behind the
+            // tails were not there) is not read on past in as many small reads.
+            rows: s.asked.max(plan::oldest_window(s.room)),
             newest: false,
             sweep: false,
         })
