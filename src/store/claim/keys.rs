@@ -129,7 +129,7 @@ impl ReadAhead {
 /// The parts that read ordering keys, at most [`KEYS_PER_CLAIM`]: first the keys with rows in
 /// flight at the relay, from behind their tails ([`ClaimRequest::tails`]), each read for a
 /// fair share of the budget (a claim takes them breadth first); then the freed keys without
-/// rows in flight, from their first unfinished row, for a whole run.
+/// rows in flight, oldest first, from their first unfinished row, for a whole run.
 pub fn key_parts(
     req: &ClaimRequest,
     freed: &BTreeMap<String, i64>,
@@ -176,21 +176,44 @@ pub fn key_parts(
         .collect();
     let chained: HashSet<&str> = tails.iter().map(|t| t.key.as_str()).collect();
     parts.extend(
-        freed
-            .iter()
-            .filter(|(key, _)| !chained.contains(key.as_str()))
-            .filter(|(key, row)| !ahead.empty_behind(key, **row, now))
+        oldest_freed(&chained, freed, ahead, now)
+            .into_iter()
             .take(KEYS_PER_CLAIM - tails.len())
-            .map(|(key, row)| Part::Key {
+            .map(|(row, key)| Part::Key {
                 key: KeyRef {
                     key: key.clone(),
-                    row: *row,
+                    row,
                 },
                 after: None,
                 rows: RUN,
             }),
     );
     parts
+}
+
+/// The freed keys a claim may read, oldest first (by the row that freed them), at most
+/// [`KEYS_PER_CLAIM`]: not those read behind their tails (`chained`), nor those known empty
+/// behind the row that freed them. Oldest first, not in the keys' text order: a key sorting
+/// late was left out of claim after claim while earlier ones kept being freed again, and its
+/// next row waited for the full walk (docs/performance-log.md, 2026-12-06).
+fn oldest_freed<'a>(
+    chained: &HashSet<&str>,
+    freed: &'a BTreeMap<String, i64>,
+    ahead: &ReadAhead,
+    now: Instant,
+) -> Vec<(i64, &'a String)> {
+    let mut oldest: Vec<(i64, &String)> = freed
+        .iter()
+        .filter(|(key, _)| !chained.contains(key.as_str()))
+        .filter(|(key, row)| !ahead.empty_behind(key, **row, now))
+        .map(|(key, row)| (*row, key))
+        .collect();
+    if oldest.len() > KEYS_PER_CLAIM {
+        oldest.select_nth_unstable(KEYS_PER_CLAIM);
+        oldest.truncate(KEYS_PER_CLAIM);
+    }
+    oldest.sort_unstable();
+    oldest
 }
 
 #[cfg(test)]
@@ -363,5 +386,32 @@ mod tests {
         assert_eq!(parts(&ahead, 10, Instant::now()), 1, "not got: read");
         ahead.learn(&alone, &[row(10)]);
         assert_eq!(parts(&ahead, 10, Instant::now()), 0, "got: not read");
+    }
+
+    /// Freed keys are read oldest first (by the row that freed them), not in their text's
+    /// order, after the tails, up to [`KEYS_PER_CLAIM`] parts in all; a key read behind its
+    /// tail is not read again as freed.
+    #[test]
+    fn freed_keys_are_read_oldest_first_after_the_tails() {
+        // 300 freed keys whose text order is the reverse of their age: "k000" freed last.
+        let freed: BTreeMap<String, i64> =
+            (0..300).map(|i| (format!("k{i:03}"), 10_000 - i)).collect();
+        let mut req = request(5);
+        req.tails[0].key = "k299".into();
+        let parts = key_parts(&req, &freed, &ReadAhead::default(), Instant::now());
+        assert_eq!(parts.len(), KEYS_PER_CLAIM);
+        let read: Vec<(&str, Option<i64>)> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Key { key, after, .. } => (key.key.as_str(), *after),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(read[0], ("k299", Some(5)), "the tail first");
+        // Then the oldest: k298 (freed by row 9,702), k297, ...; k299 not twice.
+        let expected: Vec<String> = (172..299).rev().map(|i| format!("k{i:03}")).collect();
+        let freed_read: Vec<&str> = read[1..].iter().map(|(k, _)| *k).collect();
+        assert_eq!(freed_read, expected);
+        assert!(read[1..].iter().all(|(_, after)| after.is_none()));
     }
 }
