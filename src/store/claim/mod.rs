@@ -8,6 +8,9 @@
 //! 2. the claim of the rows chosen from it (`choose.rs`), by id, rechecked by the database
 //!    (each database's [`ClaimSql::claim_ids`]).
 //!
+//! A leader's claim under a backlog may skip the read: it takes the rows the last claim's
+//! window read beyond its budget (`windows.rs`).
+//!
 //! Then the floors learn how far each window looked (`cursor.rs`), and a key's run that lost a
 //! row between the two statements gives back the rows behind the gap.
 //!
