@@ -176,9 +176,8 @@ pub fn key_parts(
         .collect();
     let chained: HashSet<&str> = tails.iter().map(|t| t.key.as_str()).collect();
     parts.extend(
-        oldest_freed(&chained, freed, ahead, now)
+        oldest_freed(&chained, freed, ahead, now, KEYS_PER_CLAIM - tails.len())
             .into_iter()
-            .take(KEYS_PER_CLAIM - tails.len())
             .map(|(row, key)| Part::Key {
                 key: KeyRef {
                     key: key.clone(),
@@ -192,7 +191,7 @@ pub fn key_parts(
 }
 
 /// The freed keys a claim may read, oldest first (by the row that freed them), at most
-/// [`KEYS_PER_CLAIM`]: not those read behind their tails (`chained`), nor those known empty
+/// `room`: not those read behind their tails (`chained`), nor those known empty
 /// behind the row that freed them. Oldest first, not in the keys' text order: a key sorting
 /// late was left out of claim after claim while earlier ones kept being freed again, and its
 /// next row waited for the full walk (docs/performance-log.md, 2026-12-06).
@@ -201,16 +200,20 @@ fn oldest_freed<'a>(
     freed: &'a BTreeMap<String, i64>,
     ahead: &ReadAhead,
     now: Instant,
+    room: usize,
 ) -> Vec<(i64, &'a String)> {
+    if room == 0 {
+        return Vec::new();
+    }
     let mut oldest: Vec<(i64, &String)> = freed
         .iter()
         .filter(|(key, _)| !chained.contains(key.as_str()))
         .filter(|(key, row)| !ahead.empty_behind(key, **row, now))
         .map(|(key, row)| (*row, key))
         .collect();
-    if oldest.len() > KEYS_PER_CLAIM {
-        oldest.select_nth_unstable(KEYS_PER_CLAIM);
-        oldest.truncate(KEYS_PER_CLAIM);
+    if oldest.len() > room {
+        oldest.select_nth_unstable(room);
+        oldest.truncate(room);
     }
     oldest.sort_unstable();
     oldest
