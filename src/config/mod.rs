@@ -93,8 +93,10 @@ pub struct RelaySettings {
     /// Sleep after an empty claim (a NOTIFY or a full batch wakes the loop sooner).
     #[serde(deserialize_with = "duration::deserialize")]
     pub poll_interval: Duration,
-    /// Most rows taken by one claim statement (default 200: with 100, a drain on PostgreSQL
-    /// took 0.025 statements per row, with 200 0.015, at the same rows/s or better).
+    /// Most rows taken by one claim statement (default 400: with 100, a drain on PostgreSQL
+    /// took 0.025 statements per row, with 200 0.015, at the same rows/s or better; with 400
+    /// on a slower machine 0.011 and 1.2-1.3x the rows/s, the claims' fixed cost spread over
+    /// more rows; docs/performance-log.md, 2026-12-06).
     #[serde(deserialize_with = "int::<_, _, 1, 10_000>")]
     pub batch_size: u32,
     /// Most rows claimed and not yet finished (being sent, waiting for a sink slot, or
@@ -120,7 +122,7 @@ impl Default for RelaySettings {
             instance_id: default_instance_id(),
             mode: Mode::Leader,
             poll_interval: Duration::from_millis(500),
-            batch_size: 200,
+            batch_size: 400,
             max_in_flight: 1024,
             claim_ttl: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(25),

@@ -63,7 +63,7 @@ pub(super) fn err(toml: &str, vars: &[(&str, &str)], key: &str) -> ConfigError {
 fn an_empty_file_gives_the_builtin_defaults() {
     let s = ok("", &[]);
     assert_eq!(s.relay.mode, Mode::Leader);
-    assert_eq!(s.relay.batch_size, 200);
+    assert_eq!(s.relay.batch_size, 400);
     assert!(!s.relay.instance_id.is_empty());
     assert!(
         s.database
@@ -371,7 +371,7 @@ fn env_keys_use_the_double_underscore_form() {
             ("OUTBOX_RELAY_CONFIG", "elsewhere.toml"),
         ],
     );
-    assert_eq!(s.relay.batch_size, 200);
+    assert_eq!(s.relay.batch_size, 400);
 }
 
 #[test]
