@@ -412,6 +412,11 @@ impl Cursors {
         }
     }
 
+    /// The rows of `parts` read ahead, as read (see [`ReadAhead::as_read`]).
+    pub fn as_read(&self, parts: &[Part]) -> Option<Vec<(usize, Vec<Candidate>)>> {
+        self.lock().ahead.as_read(parts, Instant::now())
+    }
+
     /// What a claim read, before it chooses from it (see [`ReadAhead::saw`]).
     pub fn saw(&self, found: &[(Part, Vec<Candidate>)]) {
         self.lock().ahead.saw(found);

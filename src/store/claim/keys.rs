@@ -28,6 +28,11 @@ const AHEAD_REMEMBERED: usize = 1_024;
 /// empty").
 const EMPTY_FOR: Duration = Duration::from_millis(100);
 
+/// How old the rows read ahead of a key may be for a leader's claim to take them as they were
+/// read instead of reading them again by id: as old as the rows a window read ahead may be
+/// (`windows.rs`).
+const AS_READ_FOR: Duration = Duration::from_millis(500);
+
 /// A key's next rows read ahead: the rows right behind `after`, the key's last row in flight
 /// when they were read, in id order (none: the key had no unfinished row behind it), and
 /// when.
@@ -43,6 +48,8 @@ struct Ahead {
 pub struct ReadAhead {
     on: bool,
     keys: HashMap<String, Ahead>,
+    /// The channel of each row read ahead, as read (see [`ReadAhead::as_read`]).
+    channels: HashMap<i64, Option<String>>,
 }
 
 impl ReadAhead {
@@ -50,7 +57,7 @@ impl ReadAhead {
     pub fn on() -> ReadAhead {
         ReadAhead {
             on: true,
-            keys: HashMap::new(),
+            ..ReadAhead::default()
         }
     }
 
@@ -79,6 +86,8 @@ impl ReadAhead {
             let rows = a.rows.clone();
             self.keys.insert(a.key.clone(), Ahead { after, rows, at });
         }
+        let ahead: HashSet<i64> = self.keys.values().flat_map(|a| a.rows.clone()).collect();
+        self.channels.retain(|id, _| ahead.contains(id));
     }
 
     /// Before a claim chooses from what it read (and so before it learns): a key known as
@@ -88,6 +97,12 @@ impl ReadAhead {
         if !self.on {
             return;
         }
+        let keyed = found
+            .iter()
+            .filter(|(p, _)| matches!(p, Part::Key { .. } | Part::Known { .. }));
+        for r in keyed.flat_map(|(_, rows)| rows) {
+            self.channels.insert(r.id, r.channel.clone());
+        }
         let windows = found
             .iter()
             .filter(|(p, _)| matches!(p, Part::Window { .. }));
@@ -96,6 +111,41 @@ impl ReadAhead {
                 self.keys.remove(key);
             }
         }
+    }
+
+    /// The rows of each [`Part::Known`] of `parts` as they were read ahead, by the part's
+    /// index, for a leader's claim (no other claimer takes them meanwhile): free heads of
+    /// their key behind its tail, of the channels they had. `None` (read them by id) unless
+    /// every such part's rows were read behind its tail less than [`AS_READ_FOR`] before
+    /// `now`, with their channels. The claim statement checks every row it takes as it does
+    /// any (docs/design.md, "Ordering keys: rows read ahead"): a row that changed meanwhile is
+    /// only left out, and its key read from its tail again.
+    pub fn as_read(&self, parts: &[Part], now: Instant) -> Option<Vec<(usize, Vec<Candidate>)>> {
+        let mut out = Vec::new();
+        for (i, part) in parts.iter().enumerate() {
+            let Part::Known {
+                key, after, ids, ..
+            } = part
+            else {
+                continue;
+            };
+            let a = self.keys.get(&key.key)?;
+            if a.after != *after || now.saturating_duration_since(a.at) >= AS_READ_FOR {
+                return None;
+            }
+            let rows = ids.iter().map(|&id| {
+                Some(Candidate {
+                    id,
+                    channel: self.channels.get(&id)?.clone(),
+                    key: Some(key.key.clone()),
+                    free: true,
+                    head: true,
+                    last: false,
+                })
+            });
+            out.push((i, rows.collect::<Option<Vec<_>>>()?));
+        }
+        (!out.is_empty()).then_some(out)
     }
 
     /// Forgets what was read ahead of `key` (its row in flight was given back or will be
@@ -263,6 +313,59 @@ mod tests {
             }],
             ..Choice::default()
         }
+    }
+
+    /// A leader's claim takes the rows read ahead as they were read (with the channels they
+    /// had), while they are fresh, behind the same tail, and every row's channel is known;
+    /// otherwise it reads them by id.
+    #[test]
+    fn rows_read_ahead_are_taken_as_read_while_fresh() {
+        let cand = |id: i64| Candidate {
+            id,
+            channel: Some(format!("ch{id}")),
+            key: Some("k".into()),
+            free: true,
+            head: id == 11,
+            last: false,
+        };
+        let read = Part::Key {
+            key: KeyRef {
+                key: "k".into(),
+                row: 10,
+            },
+            after: Some(10),
+            rows: RUN,
+        };
+        let mut ahead = ReadAhead::on();
+        ahead.saw(&[(read, (11..=14).map(cand).collect())]);
+        ahead.learn(&took_two_of_four(), &[row(11), row(12)]);
+        let parts = [part(&ahead, 12)];
+        let as_read = ahead.as_read(&parts, Instant::now()).expect("fresh rows");
+        let expected = |id: i64| Candidate {
+            head: true,
+            ..cand(id)
+        };
+        assert_eq!(as_read, vec![(0, vec![expected(13), expected(14)])]);
+        let later = Instant::now() + AS_READ_FOR;
+        assert_eq!(ahead.as_read(&parts, later), None, "too old: read by id");
+        // Behind another tail (the key's chain moved on): read from it.
+        let moved = Part::Known {
+            key: KeyRef {
+                key: "k".into(),
+                row: 14,
+            },
+            after: 14,
+            ids: vec![15],
+            more: vec![],
+        };
+        assert_eq!(ahead.as_read(&[moved], Instant::now()), None);
+        // A row whose channel this store did not see: read by id.
+        let mut ahead = ReadAhead::on();
+        ahead.saw(&[(parts[0].clone(), vec![cand(13)])]);
+        ahead.learn(&took_two_of_four(), &[row(11), row(12)]);
+        assert_eq!(ahead.as_read(&parts, Instant::now()), None);
+        // Nothing read ahead among the parts: nothing to take.
+        assert_eq!(ReadAhead::on().as_read(&[], Instant::now()), None);
     }
 
     /// The rows read ahead of a key are read by id by the next claim, while the key's tail is

@@ -9,7 +9,8 @@
 //!    (each database's [`ClaimSql::claim_ids`]).
 //!
 //! A leader's claim under a backlog may skip the read: it takes the rows the last claim's
-//! window read beyond its budget (`windows.rs`).
+//! window read beyond its budget (`windows.rs`); and the rows read ahead of keys in flight as
+//! they were read, not again by id (`keys.rs`).
 //!
 //! Then the floors learn how far each window looked (`cursor.rs`), and a key's run that lost a
 //! row between the two statements gives back the rows behind the gap.
@@ -40,14 +41,14 @@ pub mod windows;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use self::choose::{Candidate, Choice, choose};
 use self::cursor::{Cursors, Planned};
 use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
-use self::returned::to_claimed;
+use self::returned::claimed_rows;
+pub use self::returned::ids_of;
 use self::windows::WindowsAhead;
 use crate::BoxFuture;
 use crate::store::db::Db;
@@ -362,7 +363,7 @@ impl Claims {
         let mut left = budgets(req);
         let mut found = match self.windows.instead_of(&planned, req, &left) {
             Some(kept) => kept,
-            None => self.read_all(db, &planned, &left).await?,
+            None => self.read_all(db, &planned, &left, req.alone).await?,
         };
         self.cursors.saw(&found);
         let mut claimed: Vec<ClaimedRow> = Vec::new();
@@ -375,7 +376,7 @@ impl Claims {
                 break;
             }
             chose_any = true;
-            let mut got = decode(&self.sql.claim_ids(db, req, &choice.ids).await?, req);
+            let mut got = claimed_rows(&self.sql.claim_ids(db, req, &choice.ids).await?, req);
             give_back_gaps(db, req, &choice, &mut got).await?;
             let complete = got.len() == choice.ids.len();
             // Rows chosen and not got were taken by another claim meanwhile (or stopped being
@@ -407,11 +408,24 @@ impl Claims {
         db: &Db,
         planned: &Planned,
         budgets: &[plan::Budget],
+        alone: bool,
     ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
+        // A leader's rows read ahead are taken as read, not read again by id.
+        let mut as_read = alone
+            .then(|| self.cursors.as_read(&planned.parts))
+            .flatten();
         let mut found = Vec::new();
         let mut parts = planned.parts.clone();
         for _ in 0..READS {
-            found.extend(self.read(db, &parts, &planned.busy).await?);
+            found.extend(
+                self.read(db, &parts, &planned.busy, as_read.is_none())
+                    .await?,
+            );
+            for (part, rows) in as_read.take().into_iter().flatten() {
+                if let Some((_, read)) = found.get_mut(part) {
+                    *read = rows;
+                }
+            }
             parts = read_on(&choose(&found, budgets, RUN));
             if parts.is_empty() {
                 break;
@@ -420,17 +434,20 @@ impl Claims {
         Ok(found)
     }
 
-    /// The read of `parts`, per part, passing rows of the `busy` keys (see [`read::statement`]).
+    /// The read of `parts`, per part, passing rows of the `busy` keys (see [`read::statement`]);
+    /// the [`Part::Known`] rows only `by_id` (else they come back empty).
     async fn read(
         &self,
         db: &Db,
         parts: &[Part],
         busy: &[String],
+        by_id: bool,
     ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
-        if parts.is_empty() {
-            return Ok(Vec::new());
+        let known = |p: &Part| matches!(p, Part::Known { .. });
+        if parts.iter().all(|p| !by_id && known(p)) {
+            return Ok(read::decode(&[], parts));
         }
-        let q = read::statement(db, &*self.sql, parts, busy);
+        let q = read::statement(db, &*self.sql, parts, busy, by_id);
         let rows = db.query(q).fetch_all(db.pool()).await?;
         Ok(read::decode(&rows, parts))
     }
@@ -445,7 +462,7 @@ impl Claims {
         let planned = self.cursors.peek(req);
         let parts = &planned.parts;
         let quiet = self.sql.quiet_ms(db);
-        let mut q = read::statement(db, &*self.sql, parts, &planned.busy);
+        let mut q = read::statement(db, &*self.sql, parts, &planned.busy, true);
         if let Some(expr) = &quiet {
             read::add_value(db, &mut q, parts.len(), expr);
         }
@@ -535,20 +552,6 @@ fn spend(budgets: &mut [plan::Budget], got: &[ClaimedRow], newest: &[i64]) {
     }
 }
 
-/// The claimed rows, decoded.
-fn decode(rows: &[AnyRow], req: &ClaimRequest) -> Vec<ClaimedRow> {
-    let mut claimed = Vec::with_capacity(rows.len());
-    for row in rows {
-        match to_claimed(row, req) {
-            Ok(r) => claimed.push(r),
-            // Cannot happen with a BIGINT primary key; if it does, the row's claim
-            // expires and the others are still delivered.
-            Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
-        }
-    }
-    claimed
-}
-
 /// A run that lost a row between the read and the claim (another claim took it, it stopped
 /// being due) must not keep the rows behind the gap: they would be sent before it. They are
 /// given back at once (their claim cleared under this claim's token) and left out of
@@ -584,11 +587,4 @@ async fn give_back_gaps(
     db.query(q).execute(db.pool()).await?;
     claimed.retain(|r| !behind.contains(&r.delivery.id));
     Ok(())
-}
-
-/// The ids of `rows` (the first column of a claim's select list).
-pub fn ids_of(rows: &[AnyRow]) -> Vec<i64> {
-    rows.iter()
-        .filter_map(|r| r.try_get::<i64, _>(0).ok())
-        .collect()
 }

@@ -23,7 +23,7 @@ use crate::store::sql::Sql;
 /// behind an earlier row without looking that up: in a backlog of keys in flight most rows
 /// a window passes are such rows, and the look-up was most of its cost (docs/design.md,
 /// "Ordering keys: windows past keys in flight").
-pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part], busy: &[String]) -> Sql {
+pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part], busy: &[String], by_id: bool) -> Sql {
     let keys: Vec<KeyRead> = parts
         .iter()
         .enumerate()
@@ -48,7 +48,7 @@ pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part], busy: &[String]) -
             members.push(sql.member(i, select(db, sql, i, part, busy)));
         }
     }
-    if let Some(known) = known_member(db, sql, parts) {
+    if let Some(known) = known_member(db, sql, parts).filter(|_| by_id) {
         members.push(sql.member(parts.len() + 2, known));
     }
     if let Some(from) = at_once {

@@ -272,3 +272,24 @@ fn decode_error(e: &sqlx::Error) -> String {
     }
     .replace('\n', " ")
 }
+
+/// The rows a claim returned, decoded ([`to_claimed`]).
+pub fn claimed_rows(rows: &[AnyRow], req: &ClaimRequest) -> Vec<ClaimedRow> {
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in rows {
+        match to_claimed(row, req) {
+            Ok(r) => claimed.push(r),
+            // Cannot happen with a BIGINT primary key; if it does, the row's claim
+            // expires and the others are still delivered.
+            Err(e) => tracing::error!(error = %e, "a claimed row could not be read"),
+        }
+    }
+    claimed
+}
+
+/// The ids of `rows` (the first column of a claim's select list).
+pub fn ids_of(rows: &[AnyRow]) -> Vec<i64> {
+    rows.iter()
+        .filter_map(|r| r.try_get::<i64, _>(0).ok())
+        .collect()
+}

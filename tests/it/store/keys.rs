@@ -375,8 +375,23 @@ per_db!(a_row_that_appears_between_rows_read_ahead_is_not_passed);
 /// is not passed: each claim takes only rows right behind its tail, and the row that appeared
 /// goes out in its place in the key's order.
 async fn a_row_that_appears_between_rows_read_ahead_is_not_passed(db: Db) {
+    row_appears_between_rows_read_ahead(db, false).await;
+}
+
+per_db!(a_row_that_appears_between_rows_a_leader_read_ahead_is_not_passed);
+/// The same for a leader's claims, which take the rows read ahead as they were read instead
+/// of reading them again by id.
+async fn a_row_that_appears_between_rows_a_leader_read_ahead_is_not_passed(db: Db) {
+    row_appears_between_rows_read_ahead(db, true).await;
+}
+
+async fn row_appears_between_rows_read_ahead(db: Db, alone: bool) {
     let Some(td) = TestDb::open(db, "st_ahead").await else {
         return;
+    };
+    let hook_request = |n: u32, claimer: &str| ClaimRequest {
+        alone,
+        ..hook_request(n, claimer)
     };
     let store = td.store.clone();
     // The key's rows with a free id after each (the other key's rows, deleted).
