@@ -86,8 +86,12 @@ impl ReadAhead {
             let rows = a.rows.clone();
             self.keys.insert(a.key.clone(), Ahead { after, rows, at });
         }
-        let ahead: HashSet<i64> = self.keys.values().flat_map(|a| a.rows.clone()).collect();
-        self.channels.retain(|id, _| ahead.contains(id));
+        // The channels of rows no longer ahead are dropped only past what the keys kept can
+        // hold: a row's channel stays what it was, and a pass over them every claim cost more.
+        if self.channels.len() > AHEAD_REMEMBERED * RUN as usize {
+            let ahead: HashSet<i64> = self.keys.values().flat_map(|a| a.rows.clone()).collect();
+            self.channels.retain(|id, _| ahead.contains(id));
+        }
     }
 
     /// Before a claim chooses from what it read (and so before it learns): a key known as
