@@ -95,8 +95,9 @@ pub struct RelaySettings {
     pub poll_interval: Duration,
     /// Most rows taken by one claim statement (default 400: with 100, a drain on PostgreSQL
     /// took 0.025 statements per row, with 200 0.015, at the same rows/s or better; with 400
-    /// on a slower machine 0.011 and 1.2-1.3x the rows/s, the claims' fixed cost spread over
-    /// more rows; docs/performance-log.md, 2026-12-06).
+    /// on a slower machine fewer statements everywhere and, on MariaDB, whose drains its
+    /// claims set, 1.1-1.4x the rows/s, the claims' fixed cost spread over more rows;
+    /// docs/performance-log.md, 2026-12-06).
     #[serde(deserialize_with = "int::<_, _, 1, 10_000>")]
     pub batch_size: u32,
     /// Most rows claimed and not yet finished (being sent, waiting for a sink slot, or

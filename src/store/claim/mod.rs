@@ -444,7 +444,7 @@ impl Claims {
         by_id: bool,
     ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
         let known = |p: &Part| matches!(p, Part::Known { .. });
-        if parts.iter().all(|p| !by_id && known(p)) {
+        if parts.is_empty() || (!by_id && parts.iter().all(known)) {
             return Ok(read::decode(&[], parts));
         }
         let q = read::statement(db, &*self.sql, parts, busy, by_id);
