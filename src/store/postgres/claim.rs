@@ -4,9 +4,11 @@
 //! see how a queue's finished rows sit at the low end of the primary key, would walk the
 //! primary key over them (docs/design.md, "Claims on PostgreSQL"). So every read is written
 //! so that only the intended index can serve it: an order by `(channel, id)` or `(key, id)`
-//! that no other index provides, bounded by row comparisons (`(channel, id) > (?, ?)`) the
-//! primary key cannot use. A window may then run into the next channel's (or key's) rows;
-//! those are left out by the choice.
+//! that no other index provides. The channel (or key) is bounded as a range of one value
+//! (`c >= ? AND c <= ?`), not an equality: with an equality the planner takes the column for
+//! a constant, and any index by id would give the order. A row comparison (`(c, id) > (?,
+//! ?)`) would do as well, but PostgreSQL tests it at each step of the index walk at twice the
+//! cost (docs/design.md, "Claims on PostgreSQL").
 //!
 //! - The claim is one `UPDATE ... RETURNING` of the chosen ids, rechecked in a subquery that
 //!   locks the rows it takes with `FOR UPDATE OF o SKIP LOCKED` (claimers never wait on each
@@ -30,6 +32,13 @@ use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
 use crate::store::sql::Sql;
 
+/// The condition on `q` (a key's rows above an id, which follows it) that only the index of
+/// unfinished rows by `(key, id)` serves, with the key `kv` bounded as a range of one value
+/// (the module's doc says why).
+fn key_after(k: &str, id: &str, kv: &str) -> String {
+    format!("q.{k} IS NOT NULL AND q.{k} >= {kv} AND q.{k} <= {kv} AND q.{id} > ")
+}
+
 /// Most unfinished rows an idle read looks at to say when the next one is due.
 const QUIET_SCAN: u32 = 1000;
 
@@ -43,18 +52,17 @@ impl ClaimSql for Postgres {
             return plain_channel_rows(db, w);
         };
         let (t, id) = (db.table(), &c.id);
-        let mut q = Sql::new(&format!(" FROM {t} o WHERE (o.{ch}, o.{id}) "));
-        if w.newest {
-            q.push("< (").text(w.channel).push(", ").int(i64::MAX);
-        } else {
-            q.push("> (")
-                .text(w.channel)
-                .push(", ")
+        let mut q = Sql::new(&format!(" FROM {t} o WHERE o.{ch} >= "));
+        q.text(w.channel)
+            .push(&format!(" AND o.{ch} <= "))
+            .text(w.channel);
+        if !w.newest {
+            q.push(&format!(" AND o.{id} > "))
                 .int(w.from.unwrap_or(i64::MIN));
         }
         let desc = if w.newest { " DESC" } else { "" };
         q.push(&format!(
-            ") AND {} ORDER BY o.{ch}{desc}, o.{id}{desc} LIMIT {}",
+            " AND {} ORDER BY o.{ch}{desc}, o.{id}{desc} LIMIT {}",
             c.open("o."),
             w.rows
         ));
@@ -66,14 +74,17 @@ impl ClaimSql for Postgres {
         let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
         // The key is found through a row of it, so that it keeps the column's own type.
         let mut q = Sql::new(&format!(
-            " FROM {t} o WHERE (o.{k}, o.{id}) > ((SELECT x.{k} FROM {t} x WHERE x.{id} = "
+            " FROM (SELECT x.{k} AS kv FROM {t} x WHERE x.{id} = "
         ));
         q.int(key.row)
-            .push("), ")
+            .push(&format!(
+                ") kx CROSS JOIN LATERAL (SELECT q.* FROM {t} q WHERE "
+            ))
+            .push(&key_after(k, id, "kx.kv"))
             .int(after.unwrap_or(i64::MIN))
             .push(&format!(
-                ") AND o.{k} IS NOT NULL AND {} ORDER BY o.{k}, o.{id} LIMIT {rows}",
-                c.open("o.")
+                " AND {} ORDER BY q.{k}, q.{id} LIMIT {rows}) o",
+                c.open("q.")
             ));
         q
     }
@@ -89,23 +100,24 @@ impl ClaimSql for Postgres {
         id_array(&mut q, keys.iter().map(|r| r.after.unwrap_or(i64::MIN))).push(", ");
         id_array(&mut q, keys.iter().map(|r| i64::from(r.rows)));
         q.push(&format!(
-            ") AS kp(part, krow, afterid, lim) CROSS JOIN LATERAL (SELECT q.* FROM {t} q \
-             WHERE (q.{k}, q.{id}) > ((SELECT x.{k} FROM {t} x WHERE x.{id} = kp.krow), kp.afterid) \
-             AND q.{k} IS NOT NULL AND {} ORDER BY q.{k}, q.{id} LIMIT kp.lim) o",
+            ") AS kp(part, krow, afterid, lim) \
+             CROSS JOIN LATERAL (SELECT x.{k} AS kv FROM {t} x WHERE x.{id} = kp.krow) kx \
+             CROSS JOIN LATERAL (SELECT q.* FROM {t} q WHERE {}kp.afterid \
+             AND {} ORDER BY q.{k}, q.{id} LIMIT kp.lim) o",
+            key_after(k, id, "kx.kv"),
             c.open("q.")
         ));
         Some(q)
     }
 
-    /// The row just before `a` in the index of unfinished keyed rows by `(key, id)`, if it is
-    /// of `a`'s key.
+    /// The nearest earlier unfinished row of `a`'s key: the row just before `a` in the index of
+    /// unfinished keyed rows by `(key, id)`, one step back from where the walk starts.
     fn earlier(&self, db: &Db, a: &str) -> String {
         let (t, c) = (db.table(), db.cols());
         let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
         format!(
-            "(SELECT CASE WHEN p.{k} = {a}{k} THEN p.{id} END FROM {t} p \
-             WHERE (p.{k}, p.{id}) < ({a}{k}, {a}{id}) AND p.{k} IS NOT NULL AND {} \
-             ORDER BY p.{k} DESC, p.{id} DESC LIMIT 1)",
+            "(SELECT p.{id} FROM {t} p WHERE p.{k} >= {a}{k} AND p.{k} <= {a}{k} \
+             AND p.{id} < {a}{id} AND p.{k} IS NOT NULL AND {} ORDER BY p.{k} DESC, p.{id} DESC LIMIT 1)",
             c.open("p.")
         )
     }
