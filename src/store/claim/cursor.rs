@@ -255,7 +255,7 @@ impl State {
             }
         }
         if req.budgets.is_some() {
-            self.ahead.forget_beyond(req);
+            self.ahead.forget_beyond(req, now);
             // A key freed by the tail it was read as empty behind has nothing to read.
             let ahead = &self.ahead;
             self.freed

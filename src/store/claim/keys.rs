@@ -50,6 +50,9 @@ pub struct ReadAhead {
     keys: HashMap<String, Ahead>,
     /// The channel of each row read ahead, as read (see [`ReadAhead::as_read`]).
     channels: HashMap<i64, Option<String>>,
+    /// How many keys' entries are kept before the next pruning (see
+    /// [`ReadAhead::forget_beyond`]).
+    prune_past: usize,
 }
 
 impl ReadAhead {
@@ -170,12 +173,21 @@ impl ReadAhead {
         })
     }
 
-    /// Keeps what is read ahead to [`AHEAD_REMEMBERED`] keys: past it, only keys `req` offers
-    /// tails of (a chain that ended leaves its key's entry behind).
-    pub fn forget_beyond(&mut self, req: &ClaimRequest) {
-        if self.keys.len() > AHEAD_REMEMBERED {
+    /// Keeps what is read ahead to about [`AHEAD_REMEMBERED`] keys: past it (or past twice
+    /// what the last pruning kept), only keys `req` offers tails of (a chain that ended leaves
+    /// its key's entry behind) and keys read as empty less than [`EMPTY_FOR`] before `now`. A
+    /// key per row makes more keys empty than that in a few claims, and each is needed until
+    /// its row frees it and the claim after skips it: pruned with the rest, every freed key
+    /// was read from its first row for nothing (docs/design.md, "Ordering keys: keys read as
+    /// empty").
+    pub fn forget_beyond(&mut self, req: &ClaimRequest, now: Instant) {
+        if self.keys.len() > self.prune_past.max(AHEAD_REMEMBERED) {
             let offered: HashSet<&str> = req.tails.iter().map(|t| t.key.as_str()).collect();
-            self.keys.retain(|k, _| offered.contains(k.as_str()));
+            self.keys.retain(|k, a| {
+                offered.contains(k.as_str())
+                    || (a.rows.is_empty() && now.saturating_duration_since(a.at) < EMPTY_FOR)
+            });
+            self.prune_past = self.keys.len().saturating_mul(2);
         }
     }
 }
@@ -496,6 +508,50 @@ mod tests {
         assert_eq!(parts(&ahead, 10, Instant::now()), 1, "not got: read");
         ahead.learn(&alone, &[row(10)]);
         assert_eq!(parts(&ahead, 10, Instant::now()), 0, "got: not read");
+    }
+
+    /// More keys known empty than [`AHEAD_REMEMBERED`] (a key per row: every row a window
+    /// takes is its key's only one) are kept while fresh, though no claim offers their tails
+    /// (their rows are freeing them), so that the claim after skips them as freed; pruned once
+    /// older than [`EMPTY_FOR`].
+    #[test]
+    fn keys_known_empty_outlive_the_pruning_while_fresh() {
+        let n = AHEAD_REMEMBERED as i64 * 3;
+        let alone = |keys: std::ops::Range<i64>| {
+            let choice = Choice {
+                ahead: keys
+                    .clone()
+                    .map(|i| choose::Ahead {
+                        key: format!("k{i}"),
+                        took: vec![i],
+                        after: None,
+                        rows: vec![],
+                    })
+                    .collect(),
+                ..Choice::default()
+            };
+            (choice, keys.map(row).collect::<Vec<ClaimedRow>>())
+        };
+        let mut ahead = ReadAhead::on();
+        let (choice, claimed) = alone(0..n);
+        ahead.learn(&choice, &claimed);
+        let now = Instant::now();
+        // Every key's row finished: freed by it, no tail offered.
+        let freed: BTreeMap<String, i64> = (0..n).map(|i| (format!("k{i}"), i)).collect();
+        let req = fixtures::request();
+        ahead.forget_beyond(&req, now);
+        assert_eq!(ahead.keys.len(), n as usize, "fresh: kept");
+        assert_eq!(
+            key_parts(&req, &freed, &ahead, now),
+            vec![],
+            "all known empty"
+        );
+        // Past twice what was kept, the stale ones go.
+        let (choice, claimed) = alone(n..n * 5);
+        ahead.learn(&choice, &claimed);
+        ahead.forget_beyond(&req, now + EMPTY_FOR * 2);
+        assert!(ahead.keys.is_empty(), "stale: pruned");
+        assert_eq!(key_parts(&req, &freed, &ahead, now).len(), KEYS_PER_CLAIM);
     }
 
     /// Freed keys are read oldest first (by the row that freed them), not in their text's
