@@ -144,6 +144,7 @@ async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
     assert_eq!(claimed, 10, "the nine due rows and the head of key k");
     // A claim is a read (its text follows the parts it reads: with and without a newest
     // window) and the claim of the chosen ids (one text for any number of rows).
+    let mut key_walks = 0;
     for (like, shapes, runs) in [(READS, 2, 8), (CLAIMS, 1, 5)] {
         let statements: Vec<(String, String, i64, i64)> = sqlx::query_as(
             "SELECT name, parameter_types::text, generic_plans, custom_plans \
@@ -168,8 +169,25 @@ async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
                 "a claim ({name}) scans the table past {FINISHED} finished rows:\n{plan}"
             );
             assert!(plan.contains("Index Scan"), "{plan}");
+            // The head test (`p`) and a key's read (`q`) walk the index of unfinished rows by
+            // key, never the primary key or the index by id, whose walk would pass every
+            // finished row of the table (docs/design.md, "Claims on PostgreSQL").
+            for line in plan.lines() {
+                for alias in ["p", "q"] {
+                    if line.contains("Scan") && line.contains(&format!("on {} {alias} ", td.table))
+                    {
+                        assert!(
+                            line.contains("ordering_idx"),
+                            "{name}: a key's walk by another index:\n{plan}"
+                        );
+                        key_walks += 1;
+                    }
+                }
+            }
         }
     }
+
+    assert!(key_walks > 0, "no head test seen in the plans");
 
     // A setting of the URL's own is kept.
     let sep = if td.url.contains('?') { '&' } else { '?' };
