@@ -117,7 +117,8 @@ impl ClaimSql for Postgres {
         let (k, id) = (c.ordering_key.as_deref().unwrap_or("NULL"), &c.id);
         format!(
             "(SELECT p.{id} FROM {t} p WHERE p.{k} >= {a}{k} AND p.{k} <= {a}{k} \
-             AND p.{id} < {a}{id} AND p.{k} IS NOT NULL AND {} ORDER BY p.{k} DESC, p.{id} DESC LIMIT 1)",
+             AND p.{id} < {a}{id} AND p.{k} IS NOT NULL AND {} \
+             ORDER BY p.{k} DESC, p.{id} DESC LIMIT 1)",
             c.open("p.")
         )
     }
