@@ -1,6 +1,6 @@
 //! The binary's HTTP endpoints and start-up behaviour: `/healthz` answers at once, `/readyz`
 //! stays false while the database is unreachable (the relay retries instead of crashing), and
-//! `/metrics` carries the metric names docs/operations.md lists after a delivery.
+//! `/metrics` carries the metric names the README lists after a delivery.
 
 use std::time::Duration;
 

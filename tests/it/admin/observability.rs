@@ -1,6 +1,6 @@
 //! What operators watch, checked against the real thing: the `/metrics` output by `promtool
 //! check metrics`, JSON logs without secrets, the alert rules and the dashboard's queries
-//! (`promtool`), and that every metric the docs list is the relay's.
+//! (`promtool`), and that every metric the README lists is the relay's.
 
 use super::*;
 
@@ -28,7 +28,7 @@ fn promtool(args: &[&str], input: &str) -> Option<Output> {
 }
 
 /// The real `/metrics` output of a relay that delivered a row passes `promtool check metrics`
-/// (docs/operations.md, "Metrics and the dashboard"), and carries every metric name listed there.
+/// (the README's Metrics section), and carries every metric name the README lists.
 #[tokio::test]
 async fn metrics_output_passes_promtool_check() {
     if promtool(&["--version"], "").is_none() {
@@ -198,7 +198,7 @@ fn have_promtool() -> bool {
     false
 }
 
-/// Every metric the relay exports (docs/operations.md, "Metrics and the dashboard").
+/// Every metric the relay exports (the README's Metrics section, plus `ordering_blocked_keys`).
 const METRICS: &[&str] = &[
     "deliveries_total",
     "delivery_duration_seconds",
