@@ -13,6 +13,7 @@
 pub mod admin;
 pub mod claim;
 pub mod get_lock;
+mod key_check;
 pub mod open_index;
 pub mod schema;
 pub mod session;

@@ -294,6 +294,49 @@ async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
     td.drop_table().await;
 }
 
+per_db!(a_finished_tail_extends_nothing_while_an_earlier_row_of_its_key_is_unfinished);
+/// A tail offered whose result was written while an earlier row of its key is still in
+/// flight: the row behind the tail follows that earlier row, which is no tail offered, so it
+/// waits (MySQL/MariaDB read a key from its tail first, and must then read below it); once
+/// that row is delivered too, the row behind the tail is the key's head.
+async fn a_finished_tail_extends_nothing_while_an_earlier_row_of_its_key_is_unfinished(db: Db) {
+    let Some(td) = TestDb::open(db, "st_donetail").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let rows = enqueue_keyed(&td, 4, |_| "k".into()).await;
+    let behind = |row: i64, n: u32| ClaimRequest {
+        tails: vec![Tail {
+            key: "k".into(),
+            row,
+            channel: "hook".into(),
+        }],
+        ..hook_request(n, "a")
+    };
+    let first = hook_request(1, "a");
+    let got = bounded("claim", store.claim(&first)).await;
+    assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
+    let second = behind(rows[0], 1);
+    let got = bounded("claim", store.claim(&second)).await;
+    assert_eq!(ids(&got), rows[1..2].to_vec(), "the row behind the tail");
+    // The second row's result is written first; the head is still in flight.
+    complete_one(&td, &second, rows[1], Resolution::Delivered).await;
+    let got = bounded("claim", store.claim(&behind(rows[1], 2))).await;
+    assert!(
+        got.is_empty(),
+        "taken behind a finished tail while the key's head is in flight: {:?}",
+        ids(&got)
+    );
+    complete_one(&td, &first, rows[0], Resolution::Delivered).await;
+    let got = bounded("claim", store.claim(&behind(rows[1], 2))).await;
+    assert_eq!(
+        ids(&got),
+        rows[2..].to_vec(),
+        "the key's head and the row behind it"
+    );
+    td.drop_table().await;
+}
+
 /// PostgreSQL and MySQL/MariaDB: a claim passes over rows another claim is locking (`SKIP
 /// LOCKED`). When that is the first row of a run the claim chose, the rows chosen behind it
 /// wait too: a row is taken only behind a row the same claim takes (given back at once where
