@@ -14,7 +14,7 @@
 use sqlx::any::AnyRow;
 
 use super::open_index::{self, OPEN_CHANNEL, OPEN_KEY, index};
-use super::{MySql, key_check};
+use super::{MySql, Tx, key_check};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::select_list;
@@ -23,9 +23,6 @@ use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
 use crate::store::sql::Sql;
-
-/// The transaction a claim runs in.
-pub(super) type Tx<'t> = sqlx::Transaction<'t, sqlx::Any>;
 
 impl ClaimSql for MySql {
     fn channel_rows(&self, db: &Db, w: &ChannelRead) -> Sql {

@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::claim::Tx;
+use super::Tx;
 use super::open_index::{OPEN_KEY, index};
 use crate::store::claim::returned::has_ordering_key;
 use crate::store::db::Db;

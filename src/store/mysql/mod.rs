@@ -20,6 +20,9 @@ pub mod session;
 
 use crate::store::sql::Syntax;
 
+/// The transaction a claim runs in (`claim.rs`, `key_check.rs`).
+type Tx<'t> = sqlx::Transaction<'t, sqlx::Any>;
+
 /// MySQL 8 or MariaDB 10.6+ (older servers work without `SKIP LOCKED`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MySql;
