@@ -120,9 +120,8 @@ pub trait ClaimSql: Send + Sync {
         None
     }
 
-    /// Whether claims read ahead of the keys in flight ([`Cursors::reading_ahead`]): where
-    /// each key is a member of the read, whose planning costs more than reading rows by id.
-    /// By default no.
+    /// Whether claims read ahead of the keys in flight ([`Cursors::reading_ahead`]). By
+    /// default (SQLite) no: its drains gained nothing by it.
     fn reads_ahead(&self) -> bool {
         false
     }
