@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 use crate::store::Tail;
 
@@ -43,6 +43,8 @@ pub struct Place {
     done: watch::Sender<Outcome>,
     /// The chain's rows handed out and not yet sent (or given back).
     unsent: Arc<AtomicUsize>,
+    /// The claim loop's wake-up.
+    wake: Arc<Notify>,
 }
 
 impl Place {
@@ -64,9 +66,15 @@ impl Place {
         }
     }
 
-    /// One row of the run leaves the chain (sent, or given back).
+    /// One row of the run leaves the chain (sent, or given back). When the chain falls below
+    /// [`DEPTH`] unsent rows its key may be extended again ([`Chains::tails`]), and the claim
+    /// loop is woken for it: left to wake at the next result written, a key's next run was
+    /// claimed after its last run had gone out, and a hot key stood still between runs for
+    /// most of its time (docs/design.md, "Ordering keys: chains").
     pub fn row_left(&self) {
-        self.unsent.fetch_sub(1, Ordering::Relaxed);
+        if self.unsent.fetch_sub(1, Ordering::Relaxed) == DEPTH {
+            self.wake.notify_one();
+        }
     }
 
     /// The run ended: delivered whole, or not.
@@ -93,9 +101,19 @@ struct Link {
 #[derive(Default)]
 pub struct Chains {
     links: HashMap<String, Link>,
+    /// The claim loop's wake-up, for chains that may be extended again.
+    wake: Arc<Notify>,
 }
 
 impl Chains {
+    /// Chains whose keys, once they may be extended again, wake the claim loop by `wake`.
+    pub fn new(wake: Arc<Notify>) -> Chains {
+        Chains {
+            links: HashMap::new(),
+            wake,
+        }
+    }
+
     /// The keys whose last run is still running and whose chain holds fewer than [`DEPTH`]
     /// unsent rows, those with the fewest first: what a claim may extend. Chains that ended are
     /// forgotten here (their keys' next rows are heads again once the results are written).
@@ -141,6 +159,7 @@ impl Chains {
             before,
             done,
             unsent,
+            wake: self.wake.clone(),
         }
     }
 
@@ -204,6 +223,34 @@ mod tests {
         behind.end(true);
         assert!(chains.tails().is_empty(), "the key's last run ended");
         assert!(!chains.any_running());
+    }
+
+    #[tokio::test]
+    async fn a_chain_that_may_be_extended_again_wakes_the_claim_loop() {
+        let wake = Arc::new(Notify::new());
+        let mut chains = Chains::new(wake.clone());
+        let place = chains.join("k".into(), "a", 40, DEPTH + 1);
+        let woken = || {
+            let wake = wake.clone();
+            async move {
+                tokio::time::timeout(std::time::Duration::from_millis(50), wake.notified())
+                    .await
+                    .is_ok()
+            }
+        };
+        place.row_left();
+        assert!(
+            !woken().await,
+            "DEPTH rows still unsent: not offered, no wake-up"
+        );
+        place.row_left();
+        assert!(
+            woken().await,
+            "fewer than DEPTH unsent: offered again, and woken"
+        );
+        assert_eq!(chains.tails().len(), 1);
+        place.row_left();
+        assert!(!woken().await, "woken once, when it crossed");
     }
 
     #[test]

@@ -70,6 +70,7 @@ impl ClaimLoop {
     pub(super) fn start(relay: Relay) -> ClaimLoop {
         let s = &relay.settings;
         let recorder = Recorder::start(relay.store.clone(), relay.wake.clone(), s.max_in_flight);
+        let chains = Chains::new(relay.wake.clone());
         let dispatcher = Arc::new(Dispatcher {
             sinks: relay.sinks.clone(),
             recorder: recorder.handle(),
@@ -102,7 +103,7 @@ impl ClaimLoop {
             topping_up_since: None,
             probe_next: false,
             claim_time: MovingAverage::default(),
-            chains: Chains::default(),
+            chains,
         }
     }
 
