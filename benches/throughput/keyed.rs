@@ -1,7 +1,8 @@
-//! The leader section's keyed variations (issue 36, and a key per row): backlogs of ordering
-//! keys drained with the defaults, each compared with the unkeyed main run of the same run. Rows take their keys
-//! round-robin, so consecutive rows belong to different keys, and once the head of every key
-//! is in flight each row left waits behind one (docs/performance.md, "Open").
+//! The leader section's keyed variations (issue 36, a key per row and one hot key): backlogs
+//! of ordering keys drained with the defaults, each compared with the unkeyed main run of the
+//! same run. Rows take their keys round-robin, so consecutive rows belong to different keys,
+//! and once the head of every key is in flight each row left waits behind one
+//! (docs/performance.md, "Open").
 
 use super::*;
 
@@ -50,10 +51,29 @@ pub(crate) const KEY_PER_ROW: KeyedCase = KeyedCase {
     target: 0.8,
 };
 
+/// A hot key: every row of one ordering key, sent one after another (one chatty aggregate,
+/// a key chosen too coarse). No target: a key goes at its receiver's one-request-at-a-time
+/// rate at best; printed and summarised, to compare runs.
+pub(crate) const ONE_KEY: KeyedCase = KeyedCase {
+    keys: 1,
+    rows_per_key: 5_000,
+    mixed: false,
+    target: 0.0,
+};
+
 impl KeyedCase {
+    /// `(target >= 0.8x)`, or that there is none.
+    pub(crate) fn target_text(&self) -> String {
+        match self.target {
+            t if t > 0.0 => format!("(target >= {t:.1}x)"),
+            _ => "(no target)".to_string(),
+        }
+    }
+
     /// `200 keys x 100 rows`, `unkeyed among 20 keys x 1000 rows`.
     pub(crate) fn label(&self) -> String {
-        let keyed = format!("{} keys x {} rows", self.keys, self.rows_per_key);
+        let noun = if self.keys == 1 { "key" } else { "keys" };
+        let keyed = format!("{} {noun} x {} rows", self.keys, self.rows_per_key);
         match self.mixed {
             true => format!("unkeyed among {keyed}"),
             false => keyed,
@@ -89,7 +109,7 @@ impl KeyedRun {
 /// Runs every case of [`KEYED_CASES`] on `db`, prints each, and keeps them in the section.
 pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Receiver) {
     let db = s.db;
-    for case in KEYED_CASES.into_iter().chain([KEY_PER_ROW]) {
+    for case in KEYED_CASES.into_iter().chain([KEY_PER_ROW, ONE_KEY]) {
         match keyed_run(db, url, receiver, case).await {
             Ok(k) => {
                 print_relay(db, "keyed", &k.run);
@@ -99,12 +119,12 @@ pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Rece
                     .map(|n| format!(" ({n} keyed rows sent meanwhile)"))
                     .unwrap_or_default();
                 println!(
-                    "  {:<8} keyed     {}: {:.0} rows/s{meanwhile}, {} the main run (target >= {:.1}x)",
+                    "  {:<8} keyed     {}: {:.0} rows/s{meanwhile}, {} the main run {}",
                     db.name(),
                     case.label(),
                     k.rows_per_sec,
                     main.map_or("-".into(), |m| format!("{:.2}x", k.ratio(m))),
-                    case.target
+                    case.target_text()
                 );
                 s.keyed.push(k);
             }

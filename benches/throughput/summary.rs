@@ -79,12 +79,12 @@ fn print_section_summary(s: &Section) -> bool {
     }
     for k in &s.keyed {
         println!(
-            "{:<9}   {}: {:>6.0} rows/s, {} the main run (target >= {:.1}x)",
+            "{:<9}   {}: {:>6.0} rows/s, {} the main run {}",
             "",
             k.case.label(),
             k.rows_per_sec,
             ratio(Some(k.rows_per_sec), relay),
-            k.case.target
+            k.case.target_text()
         );
     }
     let keyed = s.keyed.iter().map(|k| &k.run);
