@@ -21,8 +21,13 @@ use crate::store::Tail;
 
 /// A key is offered to claims while fewer of its rows than this wait unsent in its chain:
 /// enough to keep it sending through a claim or two, without claiming far ahead of its
-/// receiver.
-pub const DEPTH: usize = 16;
+/// receiver. Two runs: with one (16), drains of 20 keys of 2,500 rows went at 0.84x
+/// (docs/performance-log.md, "Chains two runs deep").
+pub const DEPTH: usize = 32;
+
+/// A chain whose unsent rows fall below this (a run's worth) wakes the claim loop: what is
+/// left keeps its key sending while a claim takes its next run.
+const WAKE_BELOW: usize = 16;
 
 /// How a run ended, for the run behind it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,12 +72,13 @@ impl Place {
     }
 
     /// One row of the run leaves the chain (sent, or given back). When the chain falls below
-    /// [`DEPTH`] unsent rows its key may be extended again ([`Chains::tails`]), and the claim
-    /// loop is woken for it: left to wake at the next result written, a key's next run was
-    /// claimed after its last run had gone out, and a hot key stood still between runs for
-    /// most of its time (docs/design.md, "Ordering keys: chains").
+    /// [`WAKE_BELOW`] unsent rows the claim loop is woken to extend it ([`Chains::tails`]):
+    /// left to wake at the next result written, a key's next run was claimed after its last
+    /// run had gone out, and a hot key stood still between runs for most of its time
+    /// (docs/design.md, "Ordering keys: chains"). Woken at [`DEPTH`] instead, a key whose
+    /// claims took a run at a time never reached it, and was never woken for.
     pub fn row_left(&self) {
-        if self.unsent.fetch_sub(1, Ordering::Relaxed) == DEPTH {
+        if self.unsent.fetch_sub(1, Ordering::Relaxed) == WAKE_BELOW {
             self.wake.notify_one();
         }
     }
@@ -229,7 +235,7 @@ mod tests {
     async fn a_chain_that_may_be_extended_again_wakes_the_claim_loop() {
         let wake = Arc::new(Notify::new());
         let mut chains = Chains::new(wake.clone());
-        let place = chains.join("k".into(), "a", 40, DEPTH + 1);
+        let place = chains.join("k".into(), "a", 40, WAKE_BELOW + 1);
         let woken = || {
             let wake = wake.clone();
             async move {
@@ -239,15 +245,9 @@ mod tests {
             }
         };
         place.row_left();
-        assert!(
-            !woken().await,
-            "DEPTH rows still unsent: not offered, no wake-up"
-        );
+        assert!(!woken().await, "a run's worth still unsent: no wake-up");
         place.row_left();
-        assert!(
-            woken().await,
-            "fewer than DEPTH unsent: offered again, and woken"
-        );
+        assert!(woken().await, "less than a run unsent: woken to extend it");
         assert_eq!(chains.tails().len(), 1);
         place.row_left();
         assert!(!woken().await, "woken once, when it crossed");
