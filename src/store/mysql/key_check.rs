@@ -31,8 +31,9 @@ use crate::store::sql::Sql;
 /// PostgreSQL reads both sides from one snapshot, SQLite has one writer). Sessions run at
 /// READ COMMITTED, so this statement sees what is committed when it runs; the earlier rows and
 /// the tails held are read by one statement ([`earlier_rows`]), so a tail whose result is
-/// written meanwhile is seen either held or finished, never both. Rows left out are not
-/// claimed, their locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
+/// written meanwhile is seen either held or finished, never both (the second read, of keys
+/// whose tail it saw finished, only adds unfinished rows below that tail, which can only hold
+/// rows back). Rows left out are not claimed, their locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
 pub async fn leave_rows_behind_their_key(
     db: &Db,
     req: &ClaimRequest,
