@@ -33,7 +33,8 @@ use crate::store::sql::Sql;
 /// the tails held are read by one statement ([`earlier_rows`]), so a tail whose result is
 /// written meanwhile is seen either held or finished, never both (the second read, of keys
 /// whose tail it saw finished, only adds unfinished rows below that tail, which can only hold
-/// rows back). Rows left out are not claimed, their locks released at commit. See docs/design.md, "Claims on MySQL/MariaDB".
+/// rows back). Rows left out are not claimed, their locks released at commit. See
+/// docs/design.md, "Claims on MySQL/MariaDB".
 pub async fn leave_rows_behind_their_key(
     db: &Db,
     req: &ClaimRequest,
@@ -215,13 +216,17 @@ fn check_groups(
         .collect();
     lasts.sort_unstable();
     let mut groups: Vec<Group> = Vec::new();
-    // The current group's first last row, and its tails' lowest and highest.
-    let (mut first, mut low, mut high) = (i64::MIN, i64::MAX, i64::MIN);
+    // The current group's first last row, and its highest tail (its lowest is its `from`).
+    let (mut first, mut high) = (i64::MIN, i64::MIN);
     for (_, last, tail, key) in lasts {
         let fits = |g: &Group| {
+            let tails_near = match (tail, g.from) {
+                (Some(t), Some(low)) => t.max(high).saturating_sub(t.min(low)) <= CHECK_SPAN,
+                _ => true,
+            };
             g.from.is_some() == tail.is_some()
                 && last.saturating_sub(first) <= CHECK_SPAN
-                && tail.is_none_or(|t| t.max(high).saturating_sub(t.min(low)) <= CHECK_SPAN)
+                && tails_near
         };
         match groups.last_mut() {
             Some(g) if fits(g) => {
@@ -231,7 +236,7 @@ fn check_groups(
             }
             _ => {
                 first = last;
-                (low, high) = (i64::MAX, i64::MIN);
+                high = i64::MIN;
                 groups.push(Group {
                     keys: vec![key.clone()],
                     from: tail,
@@ -240,7 +245,7 @@ fn check_groups(
             }
         }
         if let Some(t) = tail {
-            (low, high) = (low.min(t), high.max(t));
+            high = high.max(t);
         }
     }
     groups
