@@ -25,8 +25,8 @@
 //! defaults on payloads the size of a push message; the main run's are about 75 bytes).
 //! The keyed variations (`keyed.rs`) drain backlogs of ordering keys with the defaults: 200
 //! keys of 100 rows, 20 keys of 1,000 rows, and as many unkeyed rows mixed into the latter
-//! (the unkeyed rows' rate), each as a ratio to the main run beside its target; and 20,000
-//! rows of a key each.
+//! (the unkeyed rows' rate), each as a ratio to unkeyed drains of as many rows made beside it
+//! (two pairs; and to the main run) beside its target; 20,000 rows of a key each; one key.
 //! PostgreSQL diagnostics pass settings to the
 //! relay's sessions through the URL's `options` (never recommended settings, only to show what
 //! a cost is): `custom_plans` (`plan_cache_mode=force_custom_plan`: every execution planned

@@ -78,8 +78,11 @@ fn print_section_summary(s: &Section) -> bool {
         );
     }
     for k in &s.keyed {
+        let baseline = k.baseline.map_or("-".into(), |b| {
+            format!("{:.2}x unkeyed drains of as many rows", k.rows_per_sec / b)
+        });
         println!(
-            "{:<9}   {}: {:>6.0} rows/s, {} the main run {}",
+            "{:<9}   {}: {:>6.0} rows/s, {baseline}, {} the main run {}",
             "",
             k.case.label(),
             k.rows_per_sec,
