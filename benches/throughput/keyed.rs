@@ -1,8 +1,8 @@
-//! The leader section's keyed variations (issue 36, a key per row and one hot key): backlogs
-//! of ordering keys drained with the defaults, each compared with unkeyed drains of as many
-//! rows, one right before each of its own (and, printed beside, with the unkeyed main run). Rows take their
-//! keys round-robin, so consecutive rows belong to different keys, and once the head of every
-//! key is in flight each row left waits behind one (docs/performance.md, "Open").
+//! The leader section's keyed variations (issue 36, a key per row and one hot key): backlogs of
+//! ordering keys drained with the defaults, each compared with unkeyed drains of as many rows,
+//! one right before each of its own (and, printed beside, with the unkeyed main run). Rows take
+//! their keys round-robin, so consecutive rows belong to different keys, and once the head of
+//! every key is in flight each row left waits behind one (docs/performance.md, "Open").
 //!
 //! Why a drain of its own: the main run is minutes earlier, and this shared machine's speed
 //! moves by a fifth within minutes; the same build's ratio against the main run moved from
@@ -178,7 +178,7 @@ fn mean(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// `  mysql    keyed     200 keys x 100 rows: 11686 rows/s, 0.78x unkeyed drains of as many
-/// rows beside it (14982 rows/s), 0.61x the main run (target >= 0.8x; means of 2 drains)`.
+/// rows beside it (14982 rows/s), 0.61x the main run (target >= 0.8x); means of 2 drains`.
 fn keyed_line(db: Db, k: &KeyedRun, drains: usize, main: Option<f64>) -> String {
     let meanwhile = k
         .keyed_meanwhile
