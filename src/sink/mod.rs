@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::time::Duration;
 
 pub(crate) use http::{
-    ANSWER_BYTES, Reply, describe_send_error, http_client, read_capped, read_reply, snippet,
+    ANSWER_BYTES, Reply, describe_send_error, http_client, http_client_for, read_capped,
+    read_reply, snippet,
 };
 pub use limits::{MovingAverage, Pause, RateLimiter};
 pub use spec::{SinkKind, SinkSpec};

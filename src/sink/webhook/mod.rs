@@ -48,7 +48,8 @@ pub struct WebhookSink {
 
 impl WebhookSink {
     pub fn new(name: &str, cfg: &WebhookConfig, timeout: Duration) -> anyhow::Result<Self> {
-        let client = super::http_client(timeout)?;
+        let url = reqwest::Url::parse(cfg.url.trim())?;
+        let client = super::http_client_for(&url, timeout)?;
         let mut headers = HeaderMap::new();
         for (k, v) in &cfg.headers {
             headers.insert(
@@ -59,7 +60,7 @@ impl WebhookSink {
         Ok(WebhookSink {
             name: name.to_string(),
             client,
-            url: reqwest::Url::parse(cfg.url.trim())?,
+            url,
             key: cfg.secret.as_ref().and_then(signing_key),
             headers,
             max_body_bytes: cfg.max_body_bytes,
