@@ -134,6 +134,7 @@ const PAIRS: usize = 2;
 /// Runs every case of [`KEYED_CASES`] on `db`, prints each, and keeps them in the section.
 pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Receiver) {
     let db = s.db;
+    let (batch, in_flight) = relay_defaults();
     for case in KEYED_CASES.into_iter().chain([KEY_PER_ROW, ONE_KEY]) {
         let pairs = if KEYED_CASES.contains(&case) {
             PAIRS
@@ -142,7 +143,12 @@ pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Rece
         };
         let (mut baselines, mut runs) = (Vec::new(), Vec::new());
         for _ in 0..pairs {
-            match baseline_run(db, url, receiver, case.keyed_rows()).await {
+            // An unkeyed drain of as many rows, with the defaults, as the main run's.
+            let unkeyed = RunConfig {
+                sink_concurrency: None,
+                ..RunConfig::new(batch, in_flight)
+            };
+            match relay_run(db, url, receiver, case.keyed_rows(), unkeyed).await {
                 Ok(run) => {
                     print_relay(db, "keyed", &run);
                     baselines.push(run.rows_per_sec);
@@ -160,21 +166,19 @@ pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Rece
                 Err(e) => run_failed(db, "keyed", &case.label(), &e, &mut s.errors),
             }
         }
-        let Some(mut k) = runs.last().cloned() else {
+        let figures: Vec<f64> = runs.iter().map(|r| r.rows_per_sec).collect();
+        let wholes: Vec<f64> = runs.iter().map(|r| r.whole_per_sec).collect();
+        let (Some(mut k), Some(figure), Some(whole)) =
+            (runs.last().cloned(), mean(&figures), mean(&wholes))
+        else {
             continue;
         };
-        k.rows_per_sec = mean(runs.iter().map(|r| r.rows_per_sec));
-        k.whole_per_sec = mean(runs.iter().map(|r| r.whole_per_sec));
-        k.baseline = (!baselines.is_empty()).then(|| mean(baselines.iter().copied()));
+        (k.rows_per_sec, k.whole_per_sec) = (figure, whole);
+        k.baseline = mean(&baselines);
         let main = s.main.as_ref().map(|m| m.rows_per_sec);
         println!("{}", keyed_line(db, &k, runs.len(), main));
         s.keyed.push(k);
     }
-}
-
-fn mean(values: impl Iterator<Item = f64>) -> f64 {
-    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
-    sum / n.max(1) as f64
 }
 
 /// `  mysql    keyed     200 keys x 100 rows: 11686 rows/s, 0.78x unkeyed drains of as many
@@ -203,23 +207,6 @@ fn keyed_line(db: Db, k: &KeyedRun, drains: usize, main: Option<f64>) -> String 
         k.rows_per_sec,
         k.case.target_text()
     )
-}
-
-/// An unkeyed drain of `n` rows with the defaults, as [`keyed_run`] drains a case.
-async fn baseline_run(
-    db: Db,
-    url: &str,
-    receiver: &Receiver,
-    n: usize,
-) -> anyhow::Result<RelayRun> {
-    let config = RunConfig {
-        sink_concurrency: None,
-        ..RunConfig::new(relay_defaults().0, relay_defaults().1)
-    };
-    on_own_table(db, url, "keyed", async |table| {
-        relay_run_on(db, url, table, receiver, n, config).await
-    })
-    .await
 }
 
 /// One case on its own table: the relay with the defaults (as the main run) drains it.

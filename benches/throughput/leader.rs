@@ -461,6 +461,11 @@ async fn main_run(s: &mut Section, url: &str, receiver: &Receiver, main_rows: us
     (s.ceiling, s.own_ceiling) = (around.best, around.own);
 }
 
+/// The mean of `values` (`None` when there are none).
+pub(crate) fn mean(values: &[f64]) -> Option<f64> {
+    (!values.is_empty()).then(|| values.iter().sum::<f64>() / values.len() as f64)
+}
+
 /// The relay's default `batch_size` and `max_in_flight`.
 pub(crate) fn relay_defaults() -> (u32, u32) {
     let defaults = outbox_relay::config::RelaySettings::default();

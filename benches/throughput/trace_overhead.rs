@@ -38,7 +38,6 @@ pub(crate) async fn tracing_overhead(
             }
         }
     }
-    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
     if let (Some(off), Some(on)) = (mean(&off), mean(&on)) {
         s.tracing = Some((off, on));
         println!(

@@ -11,8 +11,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use super::Tx;
 use super::open_index::{OPEN_KEY, index};
+use super::{MySql, Tx};
+use crate::store::claim::ClaimSql;
 use crate::store::claim::returned::has_ordering_key;
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
@@ -155,7 +156,7 @@ struct Group {
 /// already: left out, a check of 200 keys returns about 270 rows instead of about 600 (the
 /// tails, and rows of keys past their last chosen row, up to their group's bound).
 /// They are left out by an expression of `id` (`id + 0`), which the range optimizer does
-/// not turn into ranges: `NOT IN` of a few hundred ids on the index's own `id` part would
+/// not turn into ranges: a list of a few hundred ids on the index's own `id` part would
 /// split each key's range at every one of them.
 async fn earlier_rows(
     db: &Db,
@@ -181,10 +182,9 @@ async fn earlier_rows(
     }
     q.push(")");
     if !skip.is_empty() {
-        // Integers from this claim's own rows, not user text: safe in the SQL, and no
-        // parameter each to bind.
-        let list = skip.iter().map(i64::to_string).collect::<Vec<_>>();
-        q.push(&format!(" AND o.{id} + 0 NOT IN ({})", list.join(", ")));
+        q.push(" AND NOT (");
+        MySql.one_of(&mut q, &format!("o.{id} + 0"), skip);
+        q.push(")");
     }
     if let Some(req) = req.filter(|r| !r.tails.is_empty()) {
         // The tails this claimer holds under a live claim, as rows with no key.
