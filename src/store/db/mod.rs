@@ -15,7 +15,7 @@ pub use connect::{
 
 use crate::store::sql::ident::derived;
 use crate::store::sql::payload::LiveType;
-use crate::store::sql::{AnyQuery, Columns, Dialect, Sql, Syntax};
+use crate::store::sql::{AnyQuery, Columns, Dialect, Sql, Stmt, Syntax};
 
 /// One outbox table on one database.
 pub struct Db {
@@ -103,7 +103,7 @@ impl Db {
     }
 
     /// `q` ready to run here, every value bound (and counted in [`Db::statements`]).
-    pub fn query(&self, q: Sql) -> AnyQuery<'static> {
+    pub fn query(&self, q: Sql) -> Stmt {
         self.count_statement();
         q.finalized(self.syntax)
     }

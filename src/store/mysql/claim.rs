@@ -13,16 +13,17 @@
 
 use sqlx::any::AnyRow;
 
+use super::batch::TextTx;
 use super::open_index::{self, OPEN_CHANNEL, OPEN_KEY, index};
-use super::{MySql, Tx, key_check};
+use super::{MySql, key_check};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::select_list;
 use crate::store::claim::{ClaimSql, Rows, free_and_open, ids_of};
 use crate::store::db::Db;
-use crate::store::model::ClaimRequest;
+use crate::store::model::{ClaimRequest, Fence};
 use crate::store::queue::results::ResultSql;
-use crate::store::sql::Sql;
+use crate::store::sql::{Sql, Stmt};
 
 impl ClaimSql for MySql {
     fn channel_rows(&self, db: &Db, w: &ChannelRead) -> Sql {
@@ -140,18 +141,16 @@ impl ClaimSql for MySql {
 impl ResultSql for MySql {}
 
 /// The claim of `ids`: the fence, a locking read of those still claimable (`SKIP LOCKED`
-/// where the server has it), the recheck of their keys, the `UPDATE`.
+/// where the server has it), the recheck of their keys, the `UPDATE`, in one transaction of
+/// two round trips, three with ordering keys (the first three statements are sent with its
+/// `START TRANSACTION`, the `UPDATE` with its `COMMIT`; docs/design.md, "Statements as text
+/// on MySQL/MariaDB").
 async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<AnyRow>> {
     let lock = if db.dialect().skip_locked() {
         "FOR UPDATE SKIP LOCKED"
     } else {
         "FOR UPDATE"
     };
-    let mut tx = db.pool().begin().await?;
-    if !fence_holds(db, req, &mut tx).await? {
-        tx.rollback().await?;
-        return Ok(Vec::new());
-    }
     // Integers from this claim's own choice, not user text: safe in the SQL.
     let list = ids
         .iter()
@@ -171,24 +170,28 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
         db.table(),
         db.cols().id
     ));
-    let mut rows = db.query(q).fetch_all(&mut *tx).await?;
-    if !rows.is_empty() {
-        key_check::leave_rows_behind_their_key(db, req, &mut rows, &mut tx).await?;
+    let mut first: Vec<Stmt> = req.fence.iter().map(|f| db.query(fence(f))).collect();
+    first.push(db.query(q));
+    let (mut tx, mut read) = TextTx::begin(db, first).await?;
+    let mut rows = read.pop().unwrap_or_default();
+    // The fence's row, where there is a fence: the lease epoch is still the claimer's.
+    if req.fence.is_some() && read.pop().is_none_or(|fence| fence.is_empty()) {
+        tx.rollback().await?;
+        return Ok(Vec::new());
     }
     if !rows.is_empty() {
-        mark_claimed(db, req, &rows, &mut tx).await?;
+        key_check::leave_rows_behind_their_key(db, req, &mut rows, tx.conn()).await?;
     }
-    tx.commit().await?;
+    let last = match rows.is_empty() {
+        true => Vec::new(),
+        false => vec![db.query(mark_claimed(db, req, &rows))],
+    };
+    tx.commit(last).await?;
     Ok(rows)
 }
 
 /// Marks `rows` claimed by `req`'s claimer and token until `now + ttl`.
-async fn mark_claimed(
-    db: &Db,
-    req: &ClaimRequest,
-    rows: &[AnyRow],
-    tx: &mut Tx<'_>,
-) -> anyhow::Result<()> {
+fn mark_claimed(db: &Db, req: &ClaimRequest, rows: &[AnyRow]) -> Sql {
     let mut u = Sql::new(&format!("UPDATE {} SET claimed_by = ", db.table()));
     u.text(&req.claimer)
         .push(", claim_token = ")
@@ -198,21 +201,17 @@ async fn mark_claimed(
         .push(&format!(" WHERE {} IN (", db.cols().id))
         .ints(ids_of(rows))
         .push(")");
-    db.query(u).execute(&mut **tx).await?;
-    Ok(())
+    u
 }
 
-/// Inside the claim's transaction: whether the lease epoch is still the claimer's, holding a
-/// shared lock on the lease row until the claim commits (a new holder's epoch bump waits for
+/// Inside the claim's transaction: the lease's row if its epoch is still the claimer's,
+/// holding a shared lock on it until the claim commits (a new holder's epoch bump waits for
 /// it, and later claims of the old holder see the bump).
-async fn fence_holds(db: &Db, req: &ClaimRequest, tx: &mut Tx<'_>) -> anyhow::Result<bool> {
-    let Some(f) = &req.fence else {
-        return Ok(true);
-    };
+fn fence(f: &Fence) -> Sql {
     let mut q = Sql::new("SELECT epoch FROM outbox_relay_lease WHERE name = ");
     q.text(&f.lease)
         .push(" AND epoch = ")
         .int(f.epoch)
         .push(" LOCK IN SHARE MODE");
-    Ok(db.query(q).fetch_optional(&mut **tx).await?.is_some())
+    q
 }

@@ -12,7 +12,9 @@ use sqlx::Row;
 use sqlx::any::AnyRow;
 
 use super::open_index::{OPEN_KEY, index};
-use super::{MySql, Tx};
+use sqlx::AnyConnection;
+
+use super::MySql;
 use crate::store::claim::ClaimSql;
 use crate::store::claim::returned::has_ordering_key;
 use crate::store::db::Db;
@@ -40,7 +42,7 @@ pub async fn leave_rows_behind_their_key(
     db: &Db,
     req: &ClaimRequest,
     rows: &mut Vec<AnyRow>,
-    tx: &mut Tx<'_>,
+    conn: &mut AnyConnection,
 ) -> anyhow::Result<()> {
     if db.cols().ordering_key.is_none() {
         return Ok(());
@@ -62,7 +64,7 @@ pub async fn leave_rows_behind_their_key(
         let part: HashMap<String, BTreeSet<i64>> = part.iter().cloned().collect();
         let skip: Vec<i64> = part.values().flatten().copied().collect();
         let groups = check_groups(&part, &from);
-        let mut earlier = earlier_rows(db, Some(req), &groups, &skip, tx).await?;
+        let mut earlier = earlier_rows(db, Some(req), &groups, &skip, conn).await?;
         // A key read from its tail that showed no unfinished row before its first chosen row:
         // the tail finished meanwhile, and the nearest earlier row may lie below it.
         let unsettled: HashMap<String, BTreeSet<i64>> = (part.iter())
@@ -71,7 +73,7 @@ pub async fn leave_rows_behind_their_key(
             .collect();
         if !unsettled.is_empty() {
             let groups = check_groups(&unsettled, &HashMap::new());
-            let below = earlier_rows(db, None, &groups, &skip, tx).await?;
+            let below = earlier_rows(db, None, &groups, &skip, conn).await?;
             for (key, rows) in below.open {
                 earlier.open.entry(key).or_default().extend(rows);
             }
@@ -163,7 +165,7 @@ async fn earlier_rows(
     req: Option<&ClaimRequest>,
     groups: &[Group],
     skip: &[i64],
-    tx: &mut Tx<'_>,
+    conn: &mut AnyConnection,
 ) -> anyhow::Result<Earlier> {
     let (t, id) = (db.table(), &db.cols().id);
     let mut q = Sql::new(&format!(
@@ -197,7 +199,7 @@ async fn earlier_rows(
             .push(&format!(" AND h.claimed_until > {}", db.syntax().now()));
     }
     let mut earlier = Earlier::default();
-    for r in db.query(q).fetch_all(&mut **tx).await? {
+    for r in db.query(q).fetch_all(&mut *conn).await? {
         let row = r.try_get::<i64, _>(0)?;
         match r.try_get::<Option<String>, _>(1)? {
             Some(key) => earlier.open.entry(key).or_default().insert(row),

@@ -1,7 +1,7 @@
 //! MySQL 8 / MariaDB 10.6+: its SQL text ([`Syntax`]), session settings and server
 //! capabilities (`session.rs`), schema and migrations (`schema.rs`), the columns and index
 //! of unfinished rows that stand in for partial indexes (`open_index.rs`), claims and idle
-//! reads (`claim.rs`), the statements of the operator's queries and lock tables that differ
+//! reads (`claim.rs`) and their transactions in text (`batch.rs`), the statements of the operator's queries and lock tables that differ
 //! here (`admin.rs`), and `GET_LOCK` sessions (`get_lock.rs`).
 //!
 //! Timestamps are `TIMESTAMP(6)`: stored as instants (UTC) and converted to and from each
@@ -11,6 +11,7 @@
 //! claim's locking read takes no gap locks that would block the application's inserts.
 
 pub mod admin;
+mod batch;
 pub mod claim;
 pub mod get_lock;
 mod key_check;
@@ -20,14 +21,18 @@ pub mod session;
 
 use crate::store::sql::Syntax;
 
-/// The transaction a claim runs in (`claim.rs`, `key_check.rs`).
-type Tx<'t> = sqlx::Transaction<'t, sqlx::Any>;
-
 /// MySQL 8 or MariaDB 10.6+ (older servers work without `SKIP LOCKED`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MySql;
 
 impl Syntax for MySql {
+    /// Most of the relay's statements differ in text from one run to the next (lists of ids
+    /// and keys), and a prepare is a round trip of its own; as text they can also share one
+    /// (docs/design.md, "Statements as text on MySQL/MariaDB").
+    fn values_as_literals(&self) -> bool {
+        true
+    }
+
     fn quote_ident(&self, name: &str) -> String {
         format!("`{}`", name.replace('`', "``"))
     }

@@ -9,15 +9,10 @@
 
 use std::time::Duration;
 
-use sqlx::Any;
-use sqlx::any::AnyArguments;
-use sqlx::query::Query;
-
 use super::dialect::Syntax;
+use super::stmt::{AnyQuery, Stmt};
+use crate::config::sql_string;
 use crate::store::model::future_ms;
-
-/// A query ready to run, with every value bound.
-pub type AnyQuery<'q> = Query<'q, Any, AnyArguments>;
 
 /// A statement being built.
 #[derive(Default, Clone)]
@@ -149,8 +144,44 @@ impl Sql {
         out
     }
 
-    /// The query in `s`'s form, with every value bound.
-    pub fn finalized(self, s: &dyn Syntax) -> AnyQuery<'static> {
+    /// The text with every value written as an SQL literal (integers as they are, text
+    /// quoted with its quotes doubled, `NULL`), or `None` when a text value holds a backslash
+    /// or a control character: MySQL reads a backslash as an escape unless the session's
+    /// `sql_mode` says `NO_BACKSLASH_ESCAPES`, so such a value is bound instead, and the
+    /// literal means the same text in every mode.
+    pub fn inlined(&self) -> Option<String> {
+        let mut out = String::with_capacity(self.text.len() + 8 * self.marks.len());
+        let mut from = 0;
+        for (&at, arg) in self.marks.iter().zip(&self.args) {
+            out.push_str(&self.text[from..at]);
+            match arg {
+                Arg::Int(v) => out.push_str(&v.to_string()),
+                Arg::Text(None) => out.push_str("NULL"),
+                Arg::Text(Some(v)) if v.chars().any(|c| c == '\\' || c.is_control()) => {
+                    return None;
+                }
+                Arg::Text(Some(v)) => out.push_str(&sql_string(v)),
+            }
+            from = at;
+        }
+        out.push_str(&self.text[from..]);
+        Some(out)
+    }
+
+    /// The statement in `s`'s form: text with its values as literals where `s` says so
+    /// ([`Syntax::values_as_literals`]) and they can be, otherwise prepared, every value
+    /// bound.
+    pub fn finalized(self, s: &dyn Syntax) -> Stmt {
+        if s.values_as_literals()
+            && let Some(text) = self.inlined()
+        {
+            return Stmt::Text(text);
+        }
+        Stmt::Prepared(self.prepared(s))
+    }
+
+    /// The query in `s`'s form, prepared, with every value bound.
+    fn prepared(self, s: &dyn Syntax) -> AnyQuery<'static> {
         let mut q = sqlx::query(sqlx::AssertSqlSafe(self.render(s)));
         for a in self.args {
             q = match a {
@@ -169,14 +200,28 @@ mod tests {
     /// A syntax with numbered placeholders (as PostgreSQL's) or `?`.
     struct Test {
         numbered: bool,
+        literals: bool,
     }
 
-    const NUMBERED: Test = Test { numbered: true };
-    const PLAIN: Test = Test { numbered: false };
+    const NUMBERED: Test = Test {
+        numbered: true,
+        literals: false,
+    };
+    const PLAIN: Test = Test {
+        numbered: false,
+        literals: false,
+    };
+    const LITERALS: Test = Test {
+        numbered: false,
+        literals: true,
+    };
 
     impl Syntax for Test {
         fn numbered_placeholders(&self) -> bool {
             self.numbered
+        }
+        fn values_as_literals(&self) -> bool {
+            self.literals
         }
         fn now(&self) -> &'static str {
             "now()"
@@ -254,6 +299,30 @@ mod tests {
             "SELECT 'NEW?', json_build_object('vip?', x) WHERE a = ? AND b = '?' AND c = ?",
             "SELECT 'NEW?', json_build_object('vip?', x) WHERE a = $1 AND b = '?' AND c = $2",
         );
+    }
+
+    #[test]
+    fn values_are_written_as_literals_unless_a_text_holds_a_backslash_or_a_control_character() {
+        let mut q = Sql::new("UPDATE t SET a = ");
+        q.int(-7).push(", b = ").text("it's ? $1").push(", c = ");
+        q.opt_text(None)
+            .push(" WHERE k IN (")
+            .texts(&["키 😀".into(), "''".into()]);
+        q.push(") AND d = '?'");
+        assert_eq!(
+            q.inlined().as_deref(),
+            Some(
+                "UPDATE t SET a = -7, b = 'it''s ? $1', c = NULL WHERE k IN ('키 😀', '''''') \
+                 AND d = '?'"
+            )
+        );
+        for bad in ["a\\b", "\\'", "x\ny", "nul\0"] {
+            let mut q = Sql::new("SELECT ");
+            q.text("fine").push(", ").text(bad);
+            assert_eq!(q.inlined(), None, "{bad:?}");
+        }
+        assert!(matches!(q.clone().finalized(&PLAIN), Stmt::Prepared(_)));
+        assert!(matches!(q.finalized(&LITERALS), Stmt::Text(_)));
     }
 
     /// Asserts that `q` renders as `plain` with `?` placeholders and as `numbered` with `$n`.

@@ -65,6 +65,14 @@ pub trait Syntax: Send + Sync {
         false
     }
 
+    /// Statements with values go out as text, each value written as a literal, instead of
+    /// being prepared: where a statement's text differs with its values (an `IN` list of ids,
+    /// a list of keys), preparing it is a round trip of its own before every execution
+    /// (MySQL/MariaDB; docs/design.md, "Statements as text on MySQL/MariaDB").
+    fn values_as_literals(&self) -> bool {
+        false
+    }
+
     /// `name` quoted as an identifier.
     fn quote_ident(&self, name: &str) -> String {
         format!("\"{}\"", name.replace('"', "\"\""))

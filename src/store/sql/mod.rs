@@ -8,7 +8,9 @@ pub mod columns;
 pub mod dialect;
 pub mod ident;
 pub mod payload;
+pub mod stmt;
 
-pub use builder::{AnyQuery, Sql};
+pub use builder::Sql;
 pub use columns::{Columns, Owned, State};
 pub use dialect::{Dialect, Syntax};
+pub use stmt::{AnyQuery, Stmt};

@@ -229,6 +229,50 @@ async fn a_hot_key_hides_no_row_behind_it(db: Db) {
     td.drop_table().await;
 }
 
+per_db!(keys_of_any_text_are_claimed_in_order);
+/// Keys with quotes, backslashes, control characters, placeholders' marks and non-ASCII text
+/// (on MySQL/MariaDB values go out as literals where they can, and are bound where they
+/// cannot: docs/design.md, "Statements as text on MySQL/MariaDB"): each key's head first,
+/// then, once it is delivered, the rest of its rows, each row with its key as written.
+async fn keys_of_any_text_are_claimed_in_order(db: Db) {
+    let Some(td) = TestDb::open(db, "st_keytext").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let keys = [
+        "o'brien",
+        "back\\slash",
+        "tab\tnew\nline",
+        "q?$1 %s",
+        "키-é-😀",
+        "it''s\\'",
+    ];
+    let rows = enqueue_keyed(&td, 3 * keys.len(), |i| keys[i % keys.len()].to_string()).await;
+    let key_of = |id: i64| keys[rows.iter().position(|&r| r == id).unwrap() % keys.len()];
+
+    let first = hook_request(32, "a");
+    let got = bounded("claim", store.claim(&first)).await;
+    assert_eq!(ids(&got), rows[..keys.len()], "each key's head");
+    for r in &got {
+        assert_eq!(r.ordering_key.as_deref(), Some(key_of(r.delivery.id)));
+    }
+    deliver(&td, &first, &got).await;
+
+    let second = hook_request(32, "a");
+    let got = bounded("claim", store.claim(&second)).await;
+    let mut rest = ids(&got);
+    rest.sort();
+    assert_eq!(
+        rest,
+        rows[keys.len()..],
+        "the rest of each key, behind its delivered head"
+    );
+    for r in &got {
+        assert_eq!(r.ordering_key.as_deref(), Some(key_of(r.delivery.id)));
+    }
+    td.drop_table().await;
+}
+
 per_db!(a_claim_extends_a_key_behind_its_tail_held_by_this_claimer);
 /// Chains (docs/design.md, "Ordering keys: chains"): while a key's rows are in flight, a claim
 /// that offers the last of them as the key's tail takes the rows right behind it; a claim

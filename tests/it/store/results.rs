@@ -248,3 +248,38 @@ async fn long_errors_are_truncated(db: Db) {
     }
     td.drop_table().await;
 }
+
+per_db!(errors_are_stored_as_written_whatever_their_text);
+/// An error with quotes, backslashes, control characters and placeholders' marks is stored as
+/// written, whether the statement carries it as a literal or bound (MySQL/MariaDB write values
+/// as literals where they can: docs/design.md, "Statements as text on MySQL/MariaDB").
+async fn errors_are_stored_as_written_whatever_their_text(db: Db) {
+    let Some(td) = TestDb::open(db, "st_errtext").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let errors = [
+        "it's 'quoted' ? $1 %s",
+        r#"C:\path\to "file" \' \\"#,
+        "line\nnext\ttab",
+        "é 😀 -- /* not a comment */ ;",
+    ];
+    let mut ids = Vec::new();
+    for _ in errors {
+        ids.push(td.enqueue("log", r#"{"n":1}"#, None).await);
+    }
+    let (req, rows) = claim(&*store, 10, LONG, "a", None).await;
+    assert_eq!(rows.len(), errors.len());
+    let done: Vec<_> = (ids.iter().zip(errors))
+        .map(|(&id, error)| {
+            let error = error.to_string();
+            completion(&req, id, Resolution::Failed { error })
+        })
+        .collect();
+    assert_eq!(complete(&*store, &done).await, errors.len() as u64);
+    for (&id, error) in ids.iter().zip(errors) {
+        let stored = text_column(&td, id, "last_error").await;
+        assert_eq!(stored.as_deref(), Some(error), "row {id}");
+    }
+    td.drop_table().await;
+}
