@@ -375,3 +375,59 @@ async fn mysql_deliveries_change_two_secondary_indexes() {
     assert_eq!(failed.iter().map(|r| r.id).collect::<Vec<_>>(), [ids[1]]);
     td.drop_table().await;
 }
+
+/// A claim whose transaction fails part-way (its `UPDATE` refused by a trigger) returns the
+/// error and leaves no transaction open: its connection is closed, not given back to the pool
+/// inside the transaction, so the next statement on the pool (a result write, which needs no
+/// transaction) is committed at once, and no row the failed claim locked stays locked
+/// (docs/design.md, "Statements as text on MySQL/MariaDB").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_failed_claim_leaves_no_transaction_open() {
+    let Some(td) = TestDb::open(Db::MySql, "st_txfail").await else {
+        return;
+    };
+    td.insert_hooks(6).await;
+    let sql = format!(
+        "CREATE TRIGGER {t}_refuse BEFORE UPDATE ON {t} FOR EACH ROW \
+         BEGIN IF NEW.claimed_by = 'boom' THEN \
+         SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused'; END IF; END",
+        t = td.table
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .execute(td.store.pool())
+        .await
+        .expect("create trigger");
+    // One connection: whatever the failed claim leaves on it, the next statement gets.
+    let one = SqlStore::connect(&td.url, &td.table, 1, Duration::from_secs(5))
+        .await
+        .expect("connect");
+
+    let first = hook_request(2, "a");
+    let taken = bounded("claim", one.claim(&first)).await;
+    assert_eq!(taken.len(), 2);
+    let refused = one.claim(&hook_request(2, "boom")).await;
+    assert!(refused.is_err(), "the refused UPDATE fails the claim");
+
+    let done: Vec<Completion> = (taken.iter())
+        .map(|r| completion(&first, r.delivery.id, Resolution::Delivered))
+        .collect();
+    assert_eq!(complete(&one, &done).await, 2);
+    let committed = td
+        .scalar("SELECT COUNT(*) FROM {t} WHERE status = 'SUCCESS'")
+        .await;
+    assert_eq!(
+        committed, 2,
+        "the result write after the failed claim is committed"
+    );
+    let max = td.scalar("SELECT MAX(id) FROM {t}").await;
+    for id in 1..=max {
+        assert!(lockable(&td, id).await, "row {id} is still locked");
+    }
+    let rest = bounded("claim", one.claim(&hook_request(8, "a"))).await;
+    assert_eq!(
+        rest.len(),
+        4,
+        "the rows the failed claim chose are claimable"
+    );
+    td.drop_table().await;
+}
