@@ -77,6 +77,9 @@ pub const NOTHING: Probe = Probe::Nothing {
 /// The claimed rows' select list, as [`ClaimSql::claim_ids`] returns them.
 pub type Rows<'a> = BoxFuture<'a, anyhow::Result<Vec<AnyRow>>>;
 
+/// What a claim's read found: each part read, and its rows.
+pub type Found = [(Part, Vec<Candidate>)];
+
 /// How claims are written on one database (one per store: it may keep state of its own).
 pub trait ClaimSql: Send + Sync {
     /// The `FROM ... LIMIT` that reads up to `w.rows` unfinished rows `o` of `w.channel` in id
@@ -203,8 +206,15 @@ pub trait ClaimSql: Send + Sync {
 
     /// Claims those of `ids` that are still claimable for `req` ([`claimable_for`]; with a
     /// fence, only while it holds), returning the claimed rows' select list
-    /// ([`returned::select_list`]), in no order.
-    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a>;
+    /// ([`returned::select_list`]), in no order. `found` is what the read found, the chosen
+    /// rows among it.
+    fn claim_ids<'a>(
+        &'a self,
+        db: &'a Db,
+        req: &'a ClaimRequest,
+        ids: &'a [i64],
+        found: &'a Found,
+    ) -> Rows<'a>;
 
     /// Whether any unfinished row may be due at all, asked before an idle read: an
     /// index-only check where reading the windows would read every waiting row. "No" must
@@ -375,7 +385,10 @@ impl Claims {
                 break;
             }
             chose_any = true;
-            let mut got = claimed_rows(&self.sql.claim_ids(db, req, &choice.ids).await?, req);
+            let mut got = claimed_rows(
+                &self.sql.claim_ids(db, req, &choice.ids, &found).await?,
+                req,
+            );
             give_back_gaps(db, req, &choice, &mut got).await?;
             let complete = got.len() == choice.ids.len();
             // Rows chosen and not got were taken by another claim meanwhile (or stopped being

@@ -19,7 +19,7 @@ use super::{MySql, key_check};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Rows, free_and_open, ids_of};
+use crate::store::claim::{ClaimSql, Found, Rows, free_and_open, ids_of};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Fence};
 use crate::store::queue::results::ResultSql;
@@ -121,8 +121,14 @@ impl ClaimSql for MySql {
         ))
     }
 
-    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
-        Box::pin(claim(db, req, ids))
+    fn claim_ids<'a>(
+        &'a self,
+        db: &'a Db,
+        req: &'a ClaimRequest,
+        ids: &'a [i64],
+        found: &'a Found,
+    ) -> Rows<'a> {
+        Box::pin(claim(db, req, ids, found))
     }
 
     /// On the relay's own table the index of unfinished rows says whether any is due (a
@@ -142,10 +148,15 @@ impl ResultSql for MySql {}
 
 /// The claim of `ids`: the fence, a locking read of those still claimable (`SKIP LOCKED`
 /// where the server has it), the recheck of their keys, the `UPDATE`, in one transaction of
-/// two round trips, three with ordering keys (the first three statements are sent with its
-/// `START TRANSACTION`, the `UPDATE` with its `COMMIT`; docs/design.md, "Statements as text
-/// on MySQL/MariaDB").
-async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<AnyRow>> {
+/// two round trips: the fence, the lock and the check of the keys the read gave the rows
+/// (`key_check::early_check`) are sent with its `START TRANSACTION`, the `UPDATE` with its `COMMIT`
+/// (docs/design.md, "Statements as text on MySQL/MariaDB").
+async fn claim(
+    db: &Db,
+    req: &ClaimRequest,
+    ids: &[i64],
+    found: &Found,
+) -> anyhow::Result<Vec<AnyRow>> {
     let lock = if db.dialect().skip_locked() {
         "FOR UPDATE SKIP LOCKED"
     } else {
@@ -172,7 +183,12 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
     ));
     let mut first: Vec<Stmt> = req.fence.iter().map(|f| db.query(fence(f))).collect();
     first.push(db.query(q));
+    let early = key_check::early_check(db, req, ids, found).map(|(early, check)| {
+        first.push(db.query(check));
+        early
+    });
     let (mut tx, mut read) = TextTx::begin(db, first).await?;
+    let checked = early.map(|e| (e, read.pop().unwrap_or_default()));
     let mut rows = read.pop().unwrap_or_default();
     // The fence's row, where there is a fence: the lease epoch is still the claimer's.
     if req.fence.is_some() && read.pop().is_none_or(|fence| fence.is_empty()) {
@@ -180,7 +196,7 @@ async fn claim(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<A
         return Ok(Vec::new());
     }
     if !rows.is_empty() {
-        key_check::leave_rows_behind_their_key(db, req, &mut rows, tx.conn()).await?;
+        key_check::leave_rows_behind_their_key(db, req, &mut rows, tx.conn(), checked).await?;
     }
     let last = match rows.is_empty() {
         true => Vec::new(),

@@ -15,8 +15,8 @@ use super::open_index::{OPEN_KEY, index};
 use sqlx::AnyConnection;
 
 use super::MySql;
-use crate::store::claim::ClaimSql;
 use crate::store::claim::returned::has_ordering_key;
+use crate::store::claim::{ClaimSql, Found};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::sql::Sql;
@@ -38,11 +38,15 @@ use crate::store::sql::Sql;
 /// whose tail it saw finished, only adds unfinished rows below that tail, which can only hold
 /// rows back). Rows left out are not claimed, their locks released at commit. See
 /// docs/design.md, "Claims on MySQL/MariaDB".
+///
+/// `early` is the check sent in the lock's round trip ([`early_check`]) and what it read: it
+/// stands for this statement only when it was built of the very rows and keys the lock kept.
 pub async fn leave_rows_behind_their_key(
     db: &Db,
     req: &ClaimRequest,
     rows: &mut Vec<AnyRow>,
     conn: &mut AnyConnection,
+    early: Option<(EarlyCheck, Vec<AnyRow>)>,
 ) -> anyhow::Result<()> {
     if db.cols().ordering_key.is_none() {
         return Ok(());
@@ -56,29 +60,23 @@ pub async fn leave_rows_behind_their_key(
         }
     }
     let from = tails_below(req, &chosen);
+    let mut blocked = HashSet::new();
+    // The check sent with the lock read what this one would: use what it read.
+    if let Some((_, read)) = early.filter(|(e, _)| e.chosen == chosen) {
+        let earlier = Earlier::of(read)?;
+        blocked.extend(check_part(db, &chosen, &from, earlier, conn).await?);
+        chosen.clear();
+    }
     // Keys in statements of at most KEYS_PER_CHECK ranges (`batch_size` goes to 10,000): past
     // `range_optimizer_max_mem_size` the server would scan the whole index instead.
-    let mut blocked = HashSet::new();
     let keys: Vec<(String, BTreeSet<i64>)> = chosen.into_iter().collect();
     for part in keys.chunks(KEYS_PER_CHECK) {
         let part: HashMap<String, BTreeSet<i64>> = part.iter().cloned().collect();
         let skip: Vec<i64> = part.values().flatten().copied().collect();
         let groups = check_groups(&part, &from);
-        let mut earlier = earlier_rows(db, Some(req), &groups, &skip, conn).await?;
-        // A key read from its tail that showed no unfinished row before its first chosen row:
-        // the tail finished meanwhile, and the nearest earlier row may lie below it.
-        let unsettled: HashMap<String, BTreeSet<i64>> = (part.iter())
-            .filter(|(key, ids)| from.contains_key(*key) && !earlier.settles(key, ids))
-            .map(|(key, ids)| (key.clone(), ids.clone()))
-            .collect();
-        if !unsettled.is_empty() {
-            let groups = check_groups(&unsettled, &HashMap::new());
-            let below = earlier_rows(db, None, &groups, &skip, conn).await?;
-            for (key, rows) in below.open {
-                earlier.open.entry(key).or_default().extend(rows);
-            }
-        }
-        blocked.extend(behind_their_key(&part, &earlier));
+        let sql = earlier_rows(db, Some(req), &groups, &skip);
+        let earlier = Earlier::of(db.query(sql).fetch_all(&mut *conn).await?)?;
+        blocked.extend(check_part(db, &part, &from, earlier, conn).await?);
     }
     if !blocked.is_empty() {
         tracing::debug!(
@@ -95,6 +93,69 @@ pub async fn leave_rows_behind_their_key(
 
 /// Most keys one check statement reads (a range each).
 const KEYS_PER_CHECK: usize = 500;
+
+/// The check built before the lock, from the keys the read gave the chosen rows: sent in
+/// the lock's round trip, right after it. Its rows stand for the check only if the lock kept
+/// every chosen row and `open_key` holds each one's key as the read gave it (the statement
+/// is then the one the check would send); otherwise the check runs after the lock as ever.
+pub struct EarlyCheck {
+    chosen: HashMap<String, BTreeSet<i64>>,
+}
+
+/// The check of `ids` before the lock, from the keys `found` gives them, with its statement;
+/// `None` where it could not stand for the check (no key, a mapped table, whose key column
+/// `open_key` holds as its own text, or more keys than one statement reads).
+pub fn early_check(
+    db: &Db,
+    req: &ClaimRequest,
+    ids: &[i64],
+    found: &Found,
+) -> Option<(EarlyCheck, Sql)> {
+    if db.cols().ordering_key.is_none() || db.cols().mapped {
+        return None;
+    }
+    let ids: HashSet<i64> = ids.iter().copied().collect();
+    let mut chosen: HashMap<String, BTreeSet<i64>> = HashMap::new();
+    for c in found.iter().flat_map(|(_, rows)| rows) {
+        if let (true, Some(key)) = (ids.contains(&c.id), &c.key) {
+            chosen.entry(key.clone()).or_default().insert(c.id);
+        }
+    }
+    if chosen.is_empty() || chosen.len() > KEYS_PER_CHECK {
+        return None;
+    }
+    let from = tails_below(req, &chosen);
+    let skip: Vec<i64> = chosen.values().flatten().copied().collect();
+    let sql = earlier_rows(db, Some(req), &check_groups(&chosen, &from), &skip);
+    Some((EarlyCheck { chosen }, sql))
+}
+
+/// The rows of `part` behind an earlier unfinished row of their key, from what the check read
+/// (`earlier`), reading again from their first rows the keys whose tails finished meanwhile.
+async fn check_part(
+    db: &Db,
+    part: &HashMap<String, BTreeSet<i64>>,
+    from: &HashMap<String, i64>,
+    mut earlier: Earlier,
+    conn: &mut AnyConnection,
+) -> anyhow::Result<HashSet<i64>> {
+    // A key read from its tail that showed no unfinished row before its first chosen row:
+    // the tail finished meanwhile, and the nearest earlier row may lie below it.
+    let unsettled: HashMap<String, BTreeSet<i64>> = (part.iter())
+        .filter(|(key, ids)| from.contains_key(*key) && !earlier.settles(key, ids))
+        .map(|(key, ids)| (key.clone(), ids.clone()))
+        .collect();
+    if !unsettled.is_empty() {
+        let skip: Vec<i64> = part.values().flatten().copied().collect();
+        let groups = check_groups(&unsettled, &HashMap::new());
+        let sql = earlier_rows(db, None, &groups, &skip);
+        let below = Earlier::of(db.query(sql).fetch_all(&mut *conn).await?)?;
+        for (key, rows) in below.open {
+            earlier.open.entry(key).or_default().extend(rows);
+        }
+    }
+    Ok(behind_their_key(part, &earlier))
+}
 
 /// Each chosen key's offered tail, where it lies below the key's first chosen row: the check
 /// reads such a key from its tail, not from its first unfinished row, passing the key's rows
@@ -124,6 +185,20 @@ struct Earlier {
 }
 
 impl Earlier {
+    /// What the check's statement returned: keyed rows are unfinished rows of their keys,
+    /// rows without a key the tails held.
+    fn of(rows: Vec<AnyRow>) -> anyhow::Result<Earlier> {
+        let mut earlier = Earlier::default();
+        for r in rows {
+            let row = r.try_get::<i64, _>(0)?;
+            match r.try_get::<Option<String>, _>(1)? {
+                Some(key) => earlier.open.entry(key).or_default().insert(row),
+                None => earlier.held_tails.insert(row),
+            };
+        }
+        Ok(earlier)
+    }
+
     /// Whether the rows read of `key` settle its chosen rows `ids`: some unfinished row before
     /// the first of them was read. Every row of a group's range was read, so the nearest
     /// earlier row of the first chosen row is then the last such row; if none was read, it
@@ -145,7 +220,7 @@ struct Group {
     below: i64,
 }
 
-/// Reads, in one statement, the unfinished rows of each group's keys in its range but the
+/// The statement that reads the unfinished rows of each group's keys in its range but the
 /// chosen rows `skip`, and, given `req`, which of its tails the claimer holds under a live
 /// claim. The rows are one range scan of `open_key_idx` with a constant range per key
 /// ([`check_groups`]; a correlated bound, as in a subquery per row, reads every entry of the
@@ -160,13 +235,7 @@ struct Group {
 /// They are left out by an expression of `id` (`id + 0`), which the range optimizer does
 /// not turn into ranges: a list of a few hundred ids on the index's own `id` part would
 /// split each key's range at every one of them.
-async fn earlier_rows(
-    db: &Db,
-    req: Option<&ClaimRequest>,
-    groups: &[Group],
-    skip: &[i64],
-    conn: &mut AnyConnection,
-) -> anyhow::Result<Earlier> {
+fn earlier_rows(db: &Db, req: Option<&ClaimRequest>, groups: &[Group], skip: &[i64]) -> Sql {
     let (t, id) = (db.table(), &db.cols().id);
     let mut q = Sql::new(&format!(
         "SELECT o.{id}, o.{OPEN_KEY} FROM {t} o FORCE INDEX ({}) WHERE (",
@@ -198,15 +267,7 @@ async fn earlier_rows(
             .text(&req.claimer)
             .push(&format!(" AND h.claimed_until > {}", db.syntax().now()));
     }
-    let mut earlier = Earlier::default();
-    for r in db.query(q).fetch_all(&mut *conn).await? {
-        let row = r.try_get::<i64, _>(0)?;
-        match r.try_get::<Option<String>, _>(1)? {
-            Some(key) => earlier.open.entry(key).or_default().insert(row),
-            None => earlier.held_tails.insert(row),
-        };
-    }
-    Ok(earlier)
+    q
 }
 
 /// Widest span of ids one group of [`check_groups`] covers, between its keys' last chosen

@@ -26,7 +26,7 @@ use super::Postgres;
 use crate::store::claim::plan::{ChannelRead, KeyRef};
 use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Rows, claimable_given_earlier, plain_channel_rows};
+use crate::store::claim::{ClaimSql, Found, Rows, claimable_given_earlier, plain_channel_rows};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
@@ -144,7 +144,13 @@ impl ClaimSql for Postgres {
             .push(" AS jsonb)))");
     }
 
-    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
+    fn claim_ids<'a>(
+        &'a self,
+        db: &'a Db,
+        req: &'a ClaimRequest,
+        ids: &'a [i64],
+        _found: &'a Found,
+    ) -> Rows<'a> {
         Box::pin(async move {
             let (t, id) = (db.table(), &db.cols().id);
             let mut q = Sql::new("WITH chosen AS (SELECT ");

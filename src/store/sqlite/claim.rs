@@ -10,7 +10,7 @@ use super::Sqlite;
 use crate::BoxFuture;
 use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Rows, claimable_for};
+use crate::store::claim::{ClaimSql, Found, Rows, claimable_for};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
@@ -66,7 +66,13 @@ impl ClaimSql for SqliteClaims {
     /// One `UPDATE ... RETURNING` of the chosen rows still claimable; in leader mode the
     /// statement checks the lease epoch itself (it runs under the database's single write
     /// lock, so the check and the claim cannot disagree).
-    fn claim_ids<'a>(&'a self, db: &'a Db, req: &'a ClaimRequest, ids: &'a [i64]) -> Rows<'a> {
+    fn claim_ids<'a>(
+        &'a self,
+        db: &'a Db,
+        req: &'a ClaimRequest,
+        ids: &'a [i64],
+        _found: &'a Found,
+    ) -> Rows<'a> {
         Box::pin(async move {
             let (t, id) = (db.table(), &db.cols().id);
             let list = ids
