@@ -32,8 +32,8 @@ impl TextTx {
         let mut tx = TextTx { conn, open: true };
         let mut all = vec![Stmt::Text("START TRANSACTION".into())];
         all.extend(first);
-        let mut rows = tx.run(all).await?;
-        rows.remove(0);
+        // The first result is `START TRANSACTION`'s.
+        let rows = tx.run(all).await?.into_iter().skip(1).collect();
         Ok((tx, rows))
     }
 

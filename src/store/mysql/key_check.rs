@@ -8,13 +8,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use sqlx::Row;
 use sqlx::any::AnyRow;
-
-use super::open_index::{OPEN_KEY, index};
-use sqlx::AnyConnection;
+use sqlx::{AnyConnection, Row};
 
 use super::MySql;
+use super::open_index::{OPEN_KEY, index};
 use crate::store::claim::returned::has_ordering_key;
 use crate::store::claim::{ClaimSql, Found};
 use crate::store::db::Db;
