@@ -103,6 +103,7 @@ mod tests {
         let mariadb = Dialect::MySql {
             mariadb: true,
             skip_locked: true,
+            multi_statements: true,
         };
         assert_eq!(engine(mariadb).now(), "NOW(6)");
         assert!(engine(Dialect::Sqlite).single_writer());

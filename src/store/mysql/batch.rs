@@ -4,7 +4,8 @@
 //! and another to commit (docs/design.md, "Statements as text on MySQL/MariaDB").
 //!
 //! Guarantees: statements run in the order given, in one round trip when every one of them is
-//! text, one by one otherwise; the rows each statement returned come back apart; a transaction
+//! text and the server takes several statements as one query (`Dialect::multi_statements`,
+//! probed when the pool opens), one by one otherwise; the rows each statement returned come back apart; a transaction
 //! not committed (an error, or the value dropped) never goes back to the pool open: its
 //! connection is closed, and the server rolls the transaction back.
 
@@ -20,6 +21,8 @@ use crate::store::sql::Stmt;
 /// An open transaction on a connection of the pool (see the module).
 pub struct TextTx {
     conn: PoolConnection<Any>,
+    /// The server takes several statements as one query (else each goes on its own).
+    multi: bool,
     /// `START TRANSACTION` went out and neither `COMMIT` nor `ROLLBACK` has come back.
     open: bool,
 }
@@ -29,7 +32,12 @@ impl TextTx {
     /// them returned.
     pub async fn begin(db: &Db, first: Vec<Stmt>) -> anyhow::Result<(TextTx, Vec<Vec<AnyRow>>)> {
         let conn = db.pool().acquire().await?;
-        let mut tx = TextTx { conn, open: true };
+        let multi = db.dialect().multi_statements();
+        let mut tx = TextTx {
+            conn,
+            multi,
+            open: true,
+        };
         let mut all = vec![Stmt::Text("START TRANSACTION".into())];
         all.extend(first);
         // The first result is `START TRANSACTION`'s.
@@ -44,7 +52,7 @@ impl TextTx {
 
     /// Runs `stmts` in the transaction; the rows each returned.
     pub async fn run(&mut self, stmts: Vec<Stmt>) -> anyhow::Result<Vec<Vec<AnyRow>>> {
-        match run_all(&mut self.conn, stmts).await {
+        match run_all(&mut self.conn, stmts, self.multi).await {
             Ok(rows) => Ok(rows),
             Err(e) => {
                 // The server may have stopped part-way: close the connection (see Drop).
@@ -80,9 +88,13 @@ impl Drop for TextTx {
     }
 }
 
-/// Runs `stmts` on `conn` in order: as one multi-statement query when each is text, otherwise
-/// one by one. The rows each returned.
-async fn run_all(conn: &mut AnyConnection, stmts: Vec<Stmt>) -> anyhow::Result<Vec<Vec<AnyRow>>> {
+/// Runs `stmts` on `conn` in order: as one multi-statement query when each is text and `multi`
+/// says the server takes them, otherwise one by one. The rows each returned.
+async fn run_all(
+    conn: &mut AnyConnection,
+    stmts: Vec<Stmt>,
+    multi: bool,
+) -> anyhow::Result<Vec<Vec<AnyRow>>> {
     let mut texts = Vec::with_capacity(stmts.len());
     for s in &stmts {
         match s {
@@ -90,7 +102,7 @@ async fn run_all(conn: &mut AnyConnection, stmts: Vec<Stmt>) -> anyhow::Result<V
             Stmt::Prepared(_) => break,
         }
     }
-    if texts.len() < stmts.len() {
+    if !multi || texts.len() < stmts.len() {
         let mut out = Vec::with_capacity(stmts.len());
         for s in stmts {
             out.push(s.fetch_all(&mut *conn).await?);

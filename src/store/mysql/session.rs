@@ -2,7 +2,7 @@
 //! server can do (read once connections are open).
 
 use sqlx::any::AnyPoolOptions;
-use sqlx::{AnyPool, Executor};
+use sqlx::{AnyConnection, AnyPool, AssertSqlSafe, Executor};
 
 use super::{MySql, capabilities};
 use crate::store::db::{Connect, LOCK_WAIT, Options, Refined, STATEMENT_TIME};
@@ -16,8 +16,10 @@ impl Connect for MySql {
 
     fn opened<'a>(&'a self, pool: &'a AnyPool, _url: &'a str, _dialect: Dialect) -> Refined<'a> {
         Box::pin(async move {
+            // One connection for both questions: the pool may not have the first back yet.
+            let mut conn = pool.acquire().await?;
             let version: String = sqlx::query_scalar("SELECT VERSION()")
-                .fetch_one(pool)
+                .fetch_one(&mut *conn)
                 .await?;
             let (mariadb, skip_locked) = capabilities(&version);
             if !skip_locked {
@@ -26,12 +28,31 @@ impl Connect for MySql {
                     "server has no FOR UPDATE SKIP LOCKED; claims will wait on each other"
                 );
             }
+            let multi_statements = multi_statements(&mut conn).await;
+            if !multi_statements {
+                tracing::warn!(
+                    %version,
+                    "the server (or a proxy in front of it) refuses several statements in one \
+                     query; claims will send theirs one by one"
+                );
+            }
             Ok(Dialect::MySql {
                 mariadb,
                 skip_locked,
+                multi_statements,
             })
         })
     }
+}
+
+/// Whether two statements sent as one query both run: MySQL and MariaDB grant the client's
+/// `CLIENT_MULTI_STATEMENTS`, which sqlx asks for; a proxy in front of them may not.
+async fn multi_statements(conn: &mut AnyConnection) -> bool {
+    let probe = sqlx::raw_sql(AssertSqlSafe("SELECT 1; SELECT 2"));
+    probe
+        .fetch_all(conn)
+        .await
+        .is_ok_and(|rows| rows.len() == 2)
 }
 
 /// The settings of one new session.

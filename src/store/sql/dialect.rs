@@ -8,10 +8,12 @@
 pub enum Dialect {
     Postgres,
     /// MySQL 8 or MariaDB; `skip_locked` when the server has `FOR UPDATE SKIP LOCKED`
-    /// (MySQL 8.0.1+, MariaDB 10.6+).
+    /// (MySQL 8.0.1+, MariaDB 10.6+), `multi_statements` when it (or a proxy in front of it)
+    /// runs several statements sent as one query.
     MySql {
         mariadb: bool,
         skip_locked: bool,
+        multi_statements: bool,
     },
     Sqlite,
 }
@@ -25,6 +27,7 @@ impl Dialect {
             "mysql" | "mariadb" => Some(Dialect::MySql {
                 mariadb: false,
                 skip_locked: true,
+                multi_statements: true,
             }),
             "sqlite" => Some(Dialect::Sqlite),
             _ => None,
@@ -47,6 +50,18 @@ impl Dialect {
             Dialect::MySql { skip_locked, .. } => skip_locked,
             _ => true,
         }
+    }
+
+    /// Whether several statements may go as one query (MySQL/MariaDB, where the server or
+    /// proxy accepts it; docs/design.md, "Statements as text on MySQL/MariaDB").
+    pub fn multi_statements(self) -> bool {
+        matches!(
+            self,
+            Dialect::MySql {
+                multi_statements: true,
+                ..
+            }
+        )
     }
 
     /// MariaDB rather than MySQL (their DDL differs in places).

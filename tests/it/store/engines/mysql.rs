@@ -498,3 +498,21 @@ async fn mysql_a_chosen_row_locked_before_the_claim_holds_back_its_key() {
     assert_eq!(rest, k[1..].to_vec(), "k's rows, in order");
     td.drop_table().await;
 }
+
+/// MySQL/MariaDB: the probe made when the pool opens finds that the server runs several
+/// statements sent as one query, so a claim's transaction goes in two round trips (a server or
+/// proxy that refuses them gets each statement on its own: docs/design.md, "Statements as
+/// text on MySQL/MariaDB"; that path is the one a claim with a key holding a backslash takes,
+/// `store::keys::keys_of_any_text_are_claimed_in_order`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_the_server_runs_several_statements_as_one_query() {
+    let Some(td) = TestDb::open(Db::MySql, "st_multi").await else {
+        return;
+    };
+    assert!(
+        td.store.dialect().multi_statements(),
+        "{:?}",
+        td.store.dialect()
+    );
+    td.drop_table().await;
+}
