@@ -128,20 +128,38 @@ impl Sql {
 
     /// The statement's text in `s`'s placeholder form.
     pub fn render(&self, s: &dyn Syntax) -> String {
-        let mut out = String::with_capacity(self.text.len() + 4 * self.marks.len());
+        let numbered = s.numbered_placeholders();
+        self.filled(4, |out, n, _| {
+            match numbered {
+                true => {
+                    out.push('$');
+                    out.push_str(&(n + 1).to_string());
+                }
+                false => out.push('?'),
+            }
+            true
+        })
+        .unwrap_or_default()
+    }
+
+    /// The text with each placeholder's place filled by `fill(out, n, value)` (the `n`th
+    /// value), about `each` bytes apiece; `None` as soon as `fill` says it cannot.
+    fn filled(
+        &self,
+        each: usize,
+        fill: impl Fn(&mut String, usize, &Arg) -> bool,
+    ) -> Option<String> {
+        let mut out = String::with_capacity(self.text.len() + each * self.marks.len());
         let mut from = 0;
-        for (n, &at) in self.marks.iter().enumerate() {
+        for (n, (&at, arg)) in self.marks.iter().zip(&self.args).enumerate() {
             out.push_str(&self.text[from..at]);
-            if s.numbered_placeholders() {
-                out.push('$');
-                out.push_str(&(n + 1).to_string());
-            } else {
-                out.push('?');
+            if !fill(&mut out, n, arg) {
+                return None;
             }
             from = at;
         }
         out.push_str(&self.text[from..]);
-        out
+        Some(out)
     }
 
     /// The text with every value written as an SQL literal (integers as they are, text
@@ -150,22 +168,17 @@ impl Sql {
     /// `sql_mode` says `NO_BACKSLASH_ESCAPES`, so such a value is bound instead, and the
     /// literal means the same text in every mode.
     pub fn inlined(&self) -> Option<String> {
-        let mut out = String::with_capacity(self.text.len() + 8 * self.marks.len());
-        let mut from = 0;
-        for (&at, arg) in self.marks.iter().zip(&self.args) {
-            out.push_str(&self.text[from..at]);
+        self.filled(8, |out, _, arg| {
             match arg {
                 Arg::Int(v) => out.push_str(&v.to_string()),
                 Arg::Text(None) => out.push_str("NULL"),
                 Arg::Text(Some(v)) if v.chars().any(|c| c == '\\' || c.is_control()) => {
-                    return None;
+                    return false;
                 }
                 Arg::Text(Some(v)) => out.push_str(&sql_string(v)),
             }
-            from = at;
-        }
-        out.push_str(&self.text[from..]);
-        Some(out)
+            true
+        })
     }
 
     /// The statement in `s`'s form: text with its values as literals where `s` says so
