@@ -70,9 +70,7 @@ pub async fn leave_rows_behind_their_key(
     let keys: Vec<(String, BTreeSet<i64>)> = chosen.into_iter().collect();
     for part in keys.chunks(KEYS_PER_CHECK) {
         let part: HashMap<String, BTreeSet<i64>> = part.iter().cloned().collect();
-        let skip: Vec<i64> = part.values().flatten().copied().collect();
-        let groups = check_groups(&part, &from);
-        let sql = earlier_rows(db, Some(req), &groups, &skip);
+        let sql = check_statement(db, req, &part, &from);
         let earlier = Earlier::of(db.query(sql).fetch_all(&mut *conn).await?)?;
         blocked.extend(check_part(db, &part, &from, earlier, conn).await?);
     }
@@ -122,10 +120,21 @@ pub fn early_check(
     if chosen.is_empty() || chosen.len() > KEYS_PER_CHECK {
         return None;
     }
-    let from = tails_below(req, &chosen);
-    let skip: Vec<i64> = chosen.values().flatten().copied().collect();
-    let sql = earlier_rows(db, Some(req), &check_groups(&chosen, &from), &skip);
+    let sql = check_statement(db, req, &chosen, &tails_below(req, &chosen));
     Some((EarlyCheck { chosen }, sql))
+}
+
+/// The check's statement for the chosen rows `part` (by key) and the tails they are read
+/// from: one function for the check sent with the lock and the one after it, so that the
+/// first stands for the second whenever they are built of the same rows.
+fn check_statement(
+    db: &Db,
+    req: &ClaimRequest,
+    part: &HashMap<String, BTreeSet<i64>>,
+    from: &HashMap<String, i64>,
+) -> Sql {
+    let skip: Vec<i64> = part.values().flatten().copied().collect();
+    earlier_rows(db, Some(req), &check_groups(part, from), &skip)
 }
 
 /// The rows of `part` behind an earlier unfinished row of their key, from what the check read
