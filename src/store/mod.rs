@@ -63,6 +63,16 @@ pub use sql_store::SqlStore;
 /// The per-row decoding of a claim, for the fuzz targets only (`fuzzing`).
 #[doc(hidden)]
 pub use claim::returned::to_claimed;
+/// The condition that `e` is one of `ids` as `dialect`'s statements write a set of the
+/// relay's ids (a claim's rows, a result write's), values inline: for the tests that run it
+/// on a real server.
+#[doc(hidden)]
+pub fn ids_condition(dialect: Dialect, e: &str, ids: &[i64]) -> Option<String> {
+    let mut q = sql::Sql::new("");
+    q.one_of_ids(engine::engine(dialect), e, ids);
+    q.inlined()
+}
+
 /// The claim rule over rows in memory: the model the tests share (see its module doc).
 pub use claim::rule;
 

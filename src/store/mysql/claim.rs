@@ -59,6 +59,12 @@ impl ClaimSql for MySql {
         true
     }
 
+    /// Runs of consecutive ids as ranges (docs/design.md, "Id sets as ranges on
+    /// MySQL/MariaDB").
+    fn one_of(&self, q: &mut Sql, e: &str, ids: &[i64]) {
+        q.one_of_ids(self, e, ids);
+    }
+
     fn key_rows(&self, db: &Db, key: &KeyRef, after: Option<i64>, rows: u32) -> Sql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(
@@ -162,12 +168,6 @@ async fn claim(
     } else {
         "FOR UPDATE"
     };
-    // Integers from this claim's own choice, not user text: safe in the SQL.
-    let list = ids
-        .iter()
-        .map(i64::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
     // The ordering keys are checked after the lock (below), a constant range per key.
     let claimable = free_and_open(db);
     // With a key, its `open_key` too: the check after the lock reads each key's range by it.
@@ -175,12 +175,13 @@ async fn claim(
         Some(_) => format!(", o.{OPEN_KEY}"),
         None => String::new(),
     };
-    let q = Sql::new(&format!(
-        "SELECT {}{key} FROM {} o WHERE o.{} IN ({list}) AND {claimable} {lock}",
+    let mut q = Sql::new(&format!(
+        "SELECT {}{key} FROM {} o WHERE ",
         select_list(db, "o.", req),
         db.table(),
-        db.cols().id
     ));
+    q.one_of_ids(db.syntax(), &format!("o.{}", db.cols().id), ids)
+        .push(&format!(" AND {claimable} {lock}"));
     let mut first: Vec<Stmt> = req.fence.iter().map(|f| db.query(fence(f))).collect();
     first.push(db.query(q));
     let early = key_check::early_check(db, req, ids, found).map(|(early, check)| {
@@ -214,9 +215,8 @@ fn mark_claimed(db: &Db, req: &ClaimRequest, rows: &[AnyRow]) -> Sql {
         .text(&req.token)
         .push(", claimed_until = ")
         .now_plus(db.syntax(), req.ttl)
-        .push(&format!(" WHERE {} IN (", db.cols().id))
-        .ints(ids_of(rows))
-        .push(")");
+        .push(" WHERE ")
+        .one_of_ids(db.syntax(), &db.cols().id, &ids_of(rows));
     u
 }
 

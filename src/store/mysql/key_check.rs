@@ -11,10 +11,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::MySql;
 use super::open_index::{OPEN_KEY, index};
+use crate::store::claim::Found;
 use crate::store::claim::returned::has_ordering_key;
-use crate::store::claim::{ClaimSql, Found};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::sql::Sql;
@@ -260,9 +259,9 @@ fn earlier_rows(db: &Db, req: Option<&ClaimRequest>, groups: &[Group], skip: &[i
     }
     q.push(")");
     if !skip.is_empty() {
-        q.push(" AND NOT (");
-        MySql.one_of(&mut q, &format!("o.{id} + 0"), skip);
-        q.push(")");
+        q.push(&format!(" AND o.{id} + 0 NOT IN ("))
+            .ints(skip.iter().copied())
+            .push(")");
     }
     if let Some(req) = req.filter(|r| !r.tails.is_empty()) {
         // The tails this claimer holds under a live claim, as rows with no key.

@@ -253,10 +253,10 @@ impl ResultSql for Postgres {
             q.push(&format!("{id} IN ("))
                 .ints(rows.iter().map(|c| c.id))
                 .push(") AND (");
-            by_token(q, id, rows);
+            by_token(q, db.syntax(), id, rows);
             q.push(")");
         } else {
-            by_token(q, id, rows);
+            by_token(q, db.syntax(), id, rows);
         }
     }
 }

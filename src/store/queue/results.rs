@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::WriteError;
 use crate::store::db::Db;
 use crate::store::model::{Completion, MAX_AHEAD, PARKED_BY, Resolution, sanitize_text};
-use crate::store::sql::{Sql, State};
+use crate::store::sql::{Sql, State, Syntax};
 
 /// Most rows in one result statement (keeps statements and their parameter lists bounded).
 const RESULT_CHUNK: usize = 500;
@@ -61,7 +61,7 @@ pub trait ResultSql: Send + Sync {
     /// statement of `kind`. By default [`by_token`].
     fn select_rows(&self, db: &Db, _kind: Kind, rows: &[&Completion], q: &mut Sql) {
         q.push(" WHERE ");
-        by_token(q, &db.cols().id, rows);
+        by_token(q, db.syntax(), &db.cols().id, rows);
     }
 }
 
@@ -69,16 +69,16 @@ pub trait ResultSql: Send + Sync {
 /// named once. The rows of a write come from a few claims; `claim_token = CASE id WHEN ? THEN
 /// ? ... END` named a token for every row and made the server run down the CASE for each
 /// (docs/performance-log.md).
-pub fn by_token(q: &mut Sql, id: &str, rows: &[&Completion]) {
+pub fn by_token(q: &mut Sql, s: &dyn Syntax, id: &str, rows: &[&Completion]) {
     for (i, (token, ids)) in tokens(rows).into_iter().enumerate() {
         if i > 0 {
             q.push(" OR ");
         }
         q.push("(claim_token = ")
             .text(token)
-            .push(&format!(" AND {id} IN ("))
-            .ints(ids)
-            .push("))");
+            .push(" AND ")
+            .one_of_ids(s, id, &ids)
+            .push(")");
     }
 }
 

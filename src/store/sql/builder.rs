@@ -89,6 +89,40 @@ impl Sql {
         self
     }
 
+    /// The condition that `e` is one of `ids`, integers of the relay's own (never empty:
+    /// an empty set is no row, `1 = 0`). As `e IN (...)`, or, where the database prefers
+    /// ranges ([`Syntax::ids_as_ranges`]), each run of at least [`RUN`] consecutive ids as
+    /// `e BETWEEN first AND last - 1`, with `last` and the ids in no run in one `IN` list:
+    /// the same rows, whatever the order or repeats of `ids`.
+    ///
+    /// Why a range ends one id short: a scan of a range reads the row after its end to find
+    /// that it ended, and a locking read locks that row for the moment, or waits for it where
+    /// another transaction holds it (without `SKIP LOCKED`). Ended right before `last`, the
+    /// row it reads past its end is one of the set's own, which the statement locks anyway.
+    pub fn one_of_ids(&mut self, s: &dyn Syntax, e: &str, ids: &[i64]) -> &mut Sql {
+        if ids.is_empty() {
+            return self.push("1 = 0");
+        }
+        if !s.ids_as_ranges() {
+            return self
+                .push(&format!("{e} IN ("))
+                .ints(ids.iter().copied())
+                .push(")");
+        }
+        let (runs, mut points) = runs_of(ids);
+        self.push("(");
+        for (first, last) in &runs {
+            self.push(&format!("{e} BETWEEN "))
+                .int(*first)
+                .push(" AND ")
+                .int(last - 1)
+                .push(" OR ");
+            points.push(*last);
+        }
+        points.sort_unstable();
+        self.push(&format!("{e} IN (")).ints(points).push("))")
+    }
+
     /// `now + by` on the database clock (`by` capped at a year, see [`future_ms`]).
     pub fn now_plus(&mut self, s: &dyn Syntax, by: Duration) -> &mut Sql {
         self.now_plus_ms(s, future_ms(by))
@@ -206,6 +240,31 @@ impl Sql {
     }
 }
 
+/// Shortest run of consecutive ids [`Sql::one_of_ids`] writes as a range.
+pub const RUN: usize = 3;
+
+/// `ids` sorted and without repeats, split into runs of at least [`RUN`] consecutive ids
+/// (first, last) and the ids in no such run.
+fn runs_of(ids: &[i64]) -> (Vec<(i64, i64)>, Vec<i64>) {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let (mut runs, mut rest) = (Vec::new(), Vec::new());
+    let mut start = 0;
+    for i in 1..=sorted.len() {
+        let ends = i == sorted.len() || sorted[i] != sorted[i - 1].saturating_add(1);
+        if !ends {
+            continue;
+        }
+        match i - start >= RUN {
+            true => runs.push((sorted[start], sorted[i - 1])),
+            false => rest.extend_from_slice(&sorted[start..i]),
+        }
+        start = i;
+    }
+    (runs, rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,19 +273,28 @@ mod tests {
     struct Test {
         numbered: bool,
         literals: bool,
+        ranges: bool,
     }
 
     const NUMBERED: Test = Test {
         numbered: true,
         literals: false,
+        ranges: false,
     };
     const PLAIN: Test = Test {
         numbered: false,
         literals: false,
+        ranges: false,
     };
     const LITERALS: Test = Test {
         numbered: false,
         literals: true,
+        ranges: false,
+    };
+    const RANGES: Test = Test {
+        numbered: false,
+        literals: true,
+        ranges: true,
     };
 
     impl Syntax for Test {
@@ -235,6 +303,9 @@ mod tests {
         }
         fn values_as_literals(&self) -> bool {
             self.literals
+        }
+        fn ids_as_ranges(&self) -> bool {
+            self.ranges
         }
         fn now(&self) -> &'static str {
             "now()"
@@ -342,5 +413,53 @@ mod tests {
     fn renders(q: &Sql, plain: &str, numbered: &str) {
         assert_eq!(q.render(&PLAIN), plain);
         assert_eq!(q.render(&NUMBERED), numbered);
+    }
+
+    #[test]
+    fn id_sets_go_as_runs_and_a_list_where_ranges_are_preferred() {
+        let ids = [9, 3, 4, 5, 6, 20, 21, 30, 4, 31, 32, -1];
+        let mut q = Sql::new("");
+        q.one_of_ids(&RANGES, "o.id", &ids);
+        assert_eq!(
+            q.inlined().unwrap(),
+            "(o.id BETWEEN 3 AND 5 OR o.id BETWEEN 30 AND 31 OR o.id IN (-1, 6, 9, 20, 21, 32))"
+        );
+        let mut q = Sql::new("");
+        q.one_of_ids(&PLAIN, "id", &[2, 1]);
+        assert_eq!(q.render(&PLAIN), "id IN (?, ?)");
+        for s in [&RANGES, &PLAIN] {
+            let mut q = Sql::new("");
+            q.one_of_ids(s, "id", &[]);
+            assert_eq!(q.inlined().unwrap(), "1 = 0");
+        }
+    }
+
+    /// Every id is in exactly one run or in the rest, runs are at least [`RUN`] consecutive
+    /// ids, and the rest holds no such run, over sets of many shapes.
+    #[test]
+    fn runs_cover_exactly_the_ids() {
+        let mut seed = 7u64;
+        for n in 0..300usize {
+            let mut ids = Vec::new();
+            for _ in 0..n % 40 {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ids.push(((seed >> 33) % 60) as i64 - 5);
+            }
+            let (runs, rest) = runs_of(&ids);
+            let mut got: Vec<i64> = runs.iter().flat_map(|&(a, b)| a..=b).collect();
+            got.extend(&rest);
+            got.sort_unstable();
+            let mut want = ids.clone();
+            want.sort_unstable();
+            want.dedup();
+            assert_eq!(got, want, "{ids:?}");
+            assert!(runs.iter().all(|&(a, b)| b - a + 1 >= RUN as i64));
+            let (again, _) = runs_of(&rest);
+            assert!(again.is_empty(), "{rest:?}");
+        }
+        let top = [i64::MAX - 2, i64::MAX, i64::MAX - 1];
+        assert_eq!(runs_of(&top).0, [(i64::MAX - 2, i64::MAX)]);
     }
 }

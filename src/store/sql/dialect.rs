@@ -88,6 +88,15 @@ pub trait Syntax: Send + Sync {
         false
     }
 
+    /// Sets of the relay's own ids (a claim's rows, a result write's) go as ranges of
+    /// consecutive ids where there are such (`id BETWEEN a AND b`) rather than one `IN` list
+    /// ([`Sql::one_of_ids`](super::Sql::one_of_ids)): MySQL/MariaDB's parser and range
+    /// optimizer take each list item as a range of its own (docs/design.md, "Id sets as
+    /// ranges on MySQL/MariaDB").
+    fn ids_as_ranges(&self) -> bool {
+        false
+    }
+
     /// `name` quoted as an identifier.
     fn quote_ident(&self, name: &str) -> String {
         format!("\"{}\"", name.replace('"', "\"\""))
