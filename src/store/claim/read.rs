@@ -15,6 +15,7 @@ use super::choose::Candidate;
 use super::plan::{ChannelRead, GapRead, KeyRef, Part};
 use crate::store::db::Db;
 use crate::store::sql::Sql;
+use crate::store::sql::decode::is_bytes;
 
 /// The read of `parts`: one `UNION ALL` of a `SELECT` per part, each row tagged with its
 /// part's index; where the database reads several keys at once
@@ -284,8 +285,8 @@ fn candidate(row: &AnyRow) -> Option<(usize, Candidate)> {
 /// NULL. Bytes that are not UTF-8 are decoded with replacement characters: the read only
 /// compares them, and the claim decodes the row strictly (and fails it if it must).
 fn text(row: &AnyRow, i: usize) -> Option<String> {
-    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
-        return v;
+    if !is_bytes(row, i) {
+        return row.try_get::<Option<String>, _>(i).ok().flatten();
     }
     row.try_get::<Option<Vec<u8>>, _>(i)
         .ok()

@@ -18,6 +18,7 @@ use sqlx::any::AnyRow;
 use crate::sink::{Delivery, TraceContext};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, ClaimedRow, Undeliverable};
+use crate::store::sql::decode::{is_bytes, is_set};
 
 /// The select list of a claim of rows `alias`: one expression per [`Col`], in [`Col::ALL`]
 /// order, which is the order [`to_claimed`] reads them in. The payload is returned only when
@@ -132,8 +133,7 @@ impl Col {
 /// Whether a claimed row has an ordering key (a key that cannot be read counts as one: the
 /// row is failed later by [`to_claimed`], and meanwhile it is treated with the most care).
 pub fn has_ordering_key(row: &AnyRow) -> bool {
-    row.try_get::<Option<String>, _>(Col::OrderingKey.at())
-        .map_or(true, |k| k.is_some())
+    is_set(row, Col::OrderingKey.at())
 }
 
 /// SQLite: the columns whose storage class is checked, and the class each must hold, in the
@@ -248,8 +248,10 @@ fn trace_context(row: &AnyRow) -> Option<TraceContext> {
 
 /// A text column of a claim (text on PostgreSQL, bytes elsewhere), as a checked `String`.
 fn text_value(row: &AnyRow, i: usize) -> Result<Option<String>, String> {
-    if let Ok(v) = row.try_get::<Option<String>, _>(i) {
-        return Ok(v);
+    if !is_bytes(row, i) {
+        return row
+            .try_get::<Option<String>, _>(i)
+            .map_err(|e| decode_error(&e));
     }
     match row.try_get::<Option<Vec<u8>>, _>(i) {
         Ok(None) => Ok(None),
