@@ -250,17 +250,11 @@ fn runs_of(ids: &[i64]) -> (Vec<(i64, i64)>, Vec<i64>) {
     sorted.sort_unstable();
     sorted.dedup();
     let (mut runs, mut rest) = (Vec::new(), Vec::new());
-    let mut start = 0;
-    for i in 1..=sorted.len() {
-        let ends = i == sorted.len() || sorted[i] != sorted[i - 1].saturating_add(1);
-        if !ends {
-            continue;
+    for run in sorted.chunk_by(|a, b| a.checked_add(1) == Some(*b)) {
+        match (run.first(), run.last()) {
+            (Some(&first), Some(&last)) if run.len() >= RUN => runs.push((first, last)),
+            _ => rest.extend_from_slice(run),
         }
-        match i - start >= RUN {
-            true => runs.push((sorted[start], sorted[i - 1])),
-            false => rest.extend_from_slice(&sorted[start..i]),
-        }
-        start = i;
     }
     (runs, rest)
 }

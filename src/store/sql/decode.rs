@@ -8,7 +8,8 @@ use sqlx::{Row, ValueRef};
 /// Whether column `i` of `row` holds bytes (a `BLOB`, or a cast to `BINARY`) rather than text
 /// or NULL. Asked before decoding, so that a column is decoded once as what it holds: a
 /// `try_get` of the other type fails by building an error with its message, and the claims
-/// decode two such columns of every row (1% of the relay's CPU on MariaDB).
+/// decode two such columns of every row (docs/performance-log.md, "Text columns decoded as
+/// what they hold").
 pub fn is_bytes(row: &AnyRow, i: usize) -> bool {
     row.try_get_raw(i)
         .is_ok_and(|v| !v.is_null() && v.type_info().kind() == AnyTypeInfoKind::Blob)
