@@ -5,9 +5,9 @@
 //!
 //! Guarantees: statements run in the order given, in one round trip when every one of them is
 //! text and the server takes several statements as one query (`Dialect::multi_statements`,
-//! probed when the pool opens), one by one otherwise; the rows each statement returned come back apart; a transaction
-//! not committed (an error, or the value dropped) never goes back to the pool open: its
-//! connection is closed, and the server rolls the transaction back.
+//! probed when the pool opens), one by one otherwise; the rows each statement returned come
+//! back apart; a transaction not committed (an error, or the value dropped) never goes back to
+//! the pool open: its connection is closed, and the server rolls the transaction back.
 
 use std::future::poll_fn;
 

@@ -168,7 +168,8 @@ async fn claim(
     } else {
         "FOR UPDATE"
     };
-    // The ordering keys are checked after the lock (below), a constant range per key.
+    // The ordering keys are checked by the key check (sent with the lock, or after it), not
+    // here: a constant range per key.
     let claimable = free_and_open(db);
     // With a key, its `open_key` too: the check after the lock reads each key's range by it.
     let key = match db.cols().ordering_key {

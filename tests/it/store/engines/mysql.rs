@@ -50,8 +50,8 @@ async fn mysql_claims_never_walk_finished_rows() {
 /// MySQL/MariaDB: a claim reads one bounded window of its channel's unfinished rows (and
 /// locks only the rows it takes), whether other instances claim (claim mode) or not (leader
 /// mode; `ClaimRequest::alone`): the server's `Handler_read_next` on the store's only
-/// connection stays within the window and the claimed rows, with 200 rows waiting. (Leader mode's claims once read
-/// every row waiting behind a key, every claim.)
+/// connection stays within the window and the claimed rows, with 200 rows waiting. (Leader
+/// mode's claims once read every row waiting behind a key, every claim.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_claim_reads_one_window_in_either_mode() {
     let Some(td) = TestDb::open(Db::MySql, "st_alone").await else {
