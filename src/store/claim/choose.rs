@@ -8,8 +8,9 @@
 //! the one before it was accepted. A key read from behind its tail (a key part with `after`)
 //! is taken the same way: its first row read is right behind the key's rows in flight, and the
 //! database checks that the tail is still held (docs/design.md, "Ordering keys: chains").
-//! Each channel's rows count against its budget: the rows of freed keys first (they are the
-//! oldest of their keys), then the oldest window, then the newest window's share.
+//! Each channel's rows count against its budget: each key's first row first (the oldest of its
+//! key), then the oldest windows, then the rest of the keys' runs, then the newest window's
+//! share, so that a few keys with long runs do not slow the unkeyed rows among them.
 //!
 //! What the claim learns for the floors: how far each oldest window looked with every row
 //! settled (taken, or not claimable), so that the next claim reads on from there.
@@ -114,6 +115,14 @@ pub struct Ahead {
 /// [`Part::Key`]; a [`Part::Known`] reads rows by id).
 type KeyRows<'a> = (&'a KeyRef, Option<i64>, &'a [Candidate], &'a [i64], bool);
 
+/// A key's run as the chooser builds it: the key's own rows read, in id order, the ones taken,
+/// and whether the run may still grow.
+struct KeyRun<'a> {
+    own: Vec<&'a Candidate>,
+    ids: Vec<i64>,
+    open: bool,
+}
+
 /// Chooses from `found` (each part's rows, in the part's order: ascending ids, descending
 /// for a newest window) within `budgets`, at most `run` rows per key; the [`Part::Others`]
 /// parts share the budget each of them carries.
@@ -135,7 +144,8 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         taken: Ids::default(),
         choice: Choice::default(),
     };
-    // Keys first (the oldest rows of their keys), then oldest windows, then the rest.
+    // Each key's first row (the oldest of its key), then the oldest windows, then the rest
+    // of the keys' runs, then the newest windows.
     let keys: Vec<KeyRows> = found
         .iter()
         .filter_map(|(part, rows)| match part {
@@ -146,7 +156,7 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             _ => None,
         })
         .collect();
-    c.keys(&keys, run.max(1));
+    let mut runs = c.key_heads(&keys);
     for (part, rows) in found {
         match part {
             Part::Window {
@@ -160,6 +170,8 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             _ => {}
         }
     }
+    c.key_runs(&keys, &mut runs, run.max(1));
+    c.key_fates(&keys, runs);
     for (part, rows) in found {
         if let Part::Window {
             channel,
@@ -213,34 +225,53 @@ impl Chooser {
         true
     }
 
-    /// The keys' runs: each key's head and the rows behind it while each is free, taken
-    /// breadth first (every key's head, then every key's second row, ...) so that a budget
-    /// smaller than the keys' rows is shared among the keys.
-    fn keys(&mut self, keys: &[KeyRows], run: u32) {
-        // Per key, its own rows in id order, and whether its run is still growing.
-        let mut runs: Vec<(Vec<&Candidate>, Vec<i64>, bool)> = keys
-            .iter()
+    /// Each key's first row (its head, or the row right behind its tail), before any window:
+    /// every key moves at least a row a claim whatever else is waiting.
+    fn key_heads<'a>(&mut self, keys: &[KeyRows<'a>]) -> Vec<KeyRun<'a>> {
+        keys.iter()
             .map(|(key, _, rows, _, _)| {
                 let own: Vec<&Candidate> = rows
                     .iter()
                     .filter(|r| r.key.as_deref() == Some(key.key.as_str()))
                     .collect();
-                let open = own.first().is_some_and(|head| head.claimable());
-                (own, Vec::new(), open)
-            })
-            .collect();
-        for pos in 0..run as usize {
-            for (own, ids, open) in runs.iter_mut() {
-                if !*open {
-                    continue;
+                let mut run = KeyRun {
+                    own,
+                    ids: Vec::new(),
+                    open: false,
+                };
+                if let Some(head) = run.own.first().copied()
+                    && head.claimable()
+                    && self.take(head, true)
+                {
+                    run.ids.push(head.id);
+                    run.open = true;
                 }
-                match own.get(pos) {
-                    Some(row) if row.free && self.take(row, true) => ids.push(row.id),
-                    _ => *open = false,
+                run
+            })
+            .collect()
+    }
+
+    /// The rest of each key's run, after the windows: the rows behind each key's first row
+    /// while each is free, taken breadth first (every key's second row, then every key's
+    /// third, ...) so that a budget smaller than the keys' rows is shared among the keys. They
+    /// come after the windows' rows, the unkeyed rows and other keys' heads among them, so a
+    /// backlog of few keys with many rows each cannot take the budget those need
+    /// (docs/design.md, "Ordering keys: runs after the windows").
+    fn key_runs(&mut self, keys: &[KeyRows], runs: &mut [KeyRun], run: u32) {
+        debug_assert_eq!(keys.len(), runs.len());
+        for pos in 1..run as usize {
+            for r in runs.iter_mut().filter(|r| r.open) {
+                match r.own.get(pos) {
+                    Some(row) if row.free && self.take(row, true) => r.ids.push(row.id),
+                    _ => r.open = false,
                 }
             }
         }
-        for ((key, after, _, more, whole), (own, ids, _)) in keys.iter().zip(runs) {
+    }
+
+    /// What became of each key, and what the claim read of it and did not take.
+    fn key_fates(&mut self, keys: &[KeyRows], runs: Vec<KeyRun>) {
+        for ((key, after, _, more, whole), KeyRun { own, ids, .. }) in keys.iter().zip(runs) {
             let fate = match (own.first(), ids.len()) {
                 (_, 1..) => KeyFate::Taken,
                 (Some(head), 0) if head.claimable() => KeyFate::Deferred,
@@ -468,6 +499,42 @@ mod tests {
         assert_eq!(c.ids, [3, 9], "stops at the first row that is not free");
         assert_eq!(c.runs, [vec![3, 9]]);
         assert_eq!(c.keys, [(key, KeyFate::Taken)]);
+    }
+
+    #[test]
+    fn a_window_comes_after_each_keys_first_row_and_before_the_rest_of_their_runs() {
+        let key = |k: &str, row: i64| KeyRef { key: k.into(), row };
+        let part = |k: &str, row: i64| Part::Key {
+            key: key(k, row),
+            after: None,
+            rows: 8,
+        };
+        let keyed = |k: &str, ids: [i64; 4]| {
+            ids.iter()
+                .enumerate()
+                .map(|(i, &id)| row(id, Some(k), true, i == 0))
+                .collect::<Vec<_>>()
+        };
+        // Two keys of four rows each, and a window of four unkeyed rows behind them.
+        let unkeyed: Vec<Candidate> = (20..24).map(|id| row(id, None, true, true)).collect();
+        let found = [
+            (part("a", 1), keyed("a", [1, 3, 5, 7])),
+            (part("b", 2), keyed("b", [2, 4, 6, 8])),
+            (window(Some(10), 4), unkeyed),
+        ];
+        // Budget for eight: both heads, the whole window, then the keys' second rows.
+        let c = choose(&found, &budget(8, 0), 8);
+        assert_eq!(c.ids, [1, 2, 20, 21, 22, 23, 3, 4]);
+        assert_eq!(c.runs, [vec![1, 3], vec![2, 4]]);
+        assert_eq!(c.seen[0].took, 4);
+        // Budget for three: a key's first row each, then the window's oldest; no run grows.
+        let c = choose(&found, &budget(3, 0), 8);
+        assert_eq!(c.ids, [1, 2, 20]);
+        assert!(c.runs.is_empty());
+        let fates: Vec<KeyFate> = c.keys.iter().map(|(_, f)| f.clone()).collect();
+        assert_eq!(fates, [KeyFate::Taken, KeyFate::Taken]);
+        // What they read and did not take is ahead of what they took.
+        assert_eq!(c.ahead[0].rows, [3, 5, 7]);
     }
 
     #[test]
