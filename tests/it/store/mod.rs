@@ -16,6 +16,7 @@ use outbox_relay::store::{
 use sqlx::Row;
 
 mod backlog;
+mod chains;
 mod claims;
 mod engines;
 mod idle;
