@@ -385,12 +385,6 @@ impl ClaimLoop {
                 );
                 continue;
             };
-            if row.undeliverable.is_none()
-                && let Some(sink) = self.relay.sinks.get(&row.delivery.channel)
-            {
-                // Released by the delivery once it holds the sink's slot.
-                sink.queued.fetch_add(1, Ordering::Relaxed);
-            }
             let key = row.ordering_key.clone();
             let job = Job {
                 row,
@@ -399,6 +393,7 @@ impl ClaimLoop {
                 claimed_at,
                 deadline,
                 slot: Some(permit),
+                queued: false,
             };
             // Rows come in id order, so a key's run is in id order too.
             match key.and_then(|k| match by_key.get(&k) {
@@ -412,7 +407,12 @@ impl ClaimLoop {
                 None => runs.push(vec![job]),
             }
         }
-        for run in runs {
+        for mut run in runs {
+            // A run's first row waits for a sink slot from now on (released by the delivery
+            // once it holds one); the rest are counted as their turn comes (`Job::queued`).
+            if let Some(first) = run.first_mut() {
+                self.dispatcher.count_queued(first);
+            }
             let place = self.chain(&run);
             let dispatcher = self.dispatcher.clone();
             // Boxed: the delivery's future is large (the waits, the send, its timers), and

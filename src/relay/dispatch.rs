@@ -57,6 +57,12 @@ pub struct Job {
     /// The relay's in-flight slot for this row: handed to the recorder with the result and
     /// released only once the result is written.
     pub slot: Option<OwnedSemaphorePermit>,
+    /// Counted in its sink's queue ([`SinkHandle::queued`]): a run's first row from its claim
+    /// on, each other row of the run once the row before it was delivered. A row behind
+    /// another of its key waits for that row, not for a sink slot; counted, the rows of a few
+    /// keys' runs would hold down every claim's budget for the sink while only one row of
+    /// each can be sent at a time.
+    pub queued: bool,
 }
 
 impl Dispatcher {
@@ -71,11 +77,12 @@ impl Dispatcher {
             Some(p) => p.may_send().await,
             None => true,
         };
-        for job in jobs {
+        for mut job in jobs {
             if let Some(p) = &place {
                 p.row_left();
             }
             if delivered {
+                self.count_queued(&mut job);
                 delivered = self.deliver(job).await;
             } else {
                 self.hold_back(job);
@@ -86,10 +93,20 @@ impl Dispatcher {
         }
     }
 
+    /// Counts `job` in its sink's queue, unless it is counted already or goes to no sink.
+    pub fn count_queued(&self, job: &mut Job) {
+        if !job.queued
+            && job.row.undeliverable.is_none()
+            && let Some(sink) = self.sinks.get(&job.row.delivery.channel)
+        {
+            sink.queued.fetch_add(1, Ordering::Relaxed);
+            job.queued = true;
+        }
+    }
+
     /// A row of a run behind one that was not delivered: back in the table unsent.
     fn hold_back(&self, mut job: Job) {
-        // It was counted in its sink's queue when it was claimed.
-        if job.row.undeliverable.is_none()
+        if job.queued
             && let Some(sink) = self.sinks.get(&job.row.delivery.channel)
         {
             sink.queued.fetch_sub(1, Ordering::Relaxed);
@@ -158,13 +175,9 @@ impl Dispatcher {
             Ok(sink) => sink,
             Err(failed) => return failed,
         };
-        // This row was counted in the sink's queue when it was claimed; it leaves the queue
-        // when it holds a sink slot or is given back, whichever comes first.
-        let queued = job
-            .row
-            .undeliverable
-            .is_none()
-            .then(|| Queued(&sink.queued));
+        // This row was counted in its sink's queue (`Job::queued`); it leaves the queue when
+        // it holds a sink slot or is given back, whichever comes first.
+        let queued = std::mem::take(&mut job.queued).then(|| Queued(&sink.queued));
         if let Some(failed) = too_large(job, sink) {
             return failed;
         }

@@ -138,8 +138,9 @@ pub struct SinkHandle {
     pub max_payload_bytes: usize,
     /// The setting behind `max_payload_bytes`, for reasons and logs.
     pub payload_limit_key: String,
-    /// Rows claimed for this sink that do not hold one of its `slots` yet: promised
-    /// capacity, not offered to the next claim.
+    /// Rows claimed for this sink that wait for one of its `slots`: promised capacity, not
+    /// offered to the next claim. The rows of a key's run behind its next row wait for that
+    /// row, not for a slot, and count only once their turn comes (`relay::dispatch::Job`).
     pub queued: AtomicUsize,
     /// The last claim took this sink's whole budget: it probably has more rows due, so a
     /// freed slot should wake the relay loop instead of waiting for the next poll.

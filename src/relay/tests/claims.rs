@@ -274,3 +274,36 @@ async fn a_keys_chain_is_claimed_behind_its_rows_in_flight_and_kept_in_order() {
         "rows claimed behind row 20 went back unsent when it was refused: {released:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn rows_behind_a_keys_run_do_not_hold_the_sinks_budget() {
+    let queue = MemQueue::with_rows(&[]);
+    let t0 = Instant::now();
+    // A key's eight rows (one claim takes them as a run), then eight rows of no key.
+    for id in 1..=16 {
+        let key = (id <= 8).then_some("k");
+        queue.put_keyed(id, key, State::Pending, t0);
+    }
+    let a = TimedSink::new(Duration::from_millis(50));
+    let (relay, stop) = relay(&queue, vec![("a", &a, 4)], settings(64, 64), None);
+    let q = queue.clone();
+    run_until(relay, stop, move || q.count(State::Success) == 16).await;
+    let sent = a.sent();
+    let started = |ids: std::ops::RangeInclusive<i64>| {
+        let at = sent.iter().filter(|(id, _)| ids.contains(id));
+        at.map(|(_, t)| *t - t0).max().expect("sent")
+    };
+    // The run goes one row at a time (50 ms each), so it holds one of the sink's four slots;
+    // the other rows take the other three, the last of them starting at 100 ms. Counted as
+    // waiting for slots, the run's rows kept them out of claims until its third row was sent
+    // (the last at 203 ms).
+    assert!(
+        started(9..=16) < Duration::from_millis(150),
+        "the rows of no key waited for the key's run: the last started at {:?}, sends {sent:?}",
+        started(9..=16)
+    );
+    assert!(
+        started(1..=8) >= Duration::from_millis(350),
+        "the run goes one row at a time"
+    );
+}
