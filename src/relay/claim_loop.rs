@@ -408,8 +408,9 @@ impl ClaimLoop {
             }
         }
         for mut run in runs {
-            // A run's first row waits for a sink slot from now on (released by the delivery
-            // once it holds one); the rest are counted as their turn comes (`Job::queued`).
+            // A run's first row waits for a sink slot from now on (in a chain, for the run
+            // before it first: one row a key at most), released by the delivery once it holds
+            // one; the rest are counted as their turn comes (`Job::queued`).
             if let Some(first) = run.first_mut() {
                 self.dispatcher.count_queued(first);
             }

@@ -170,7 +170,7 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             _ => {}
         }
     }
-    c.key_runs(&keys, &mut runs, run.max(1));
+    c.key_runs(&mut runs, run.max(1));
     c.key_fates(&keys, runs);
     for (part, rows) in found {
         if let Part::Window {
@@ -257,8 +257,7 @@ impl Chooser {
     /// come after the windows' rows, the unkeyed rows and other keys' heads among them, so a
     /// backlog of few keys with many rows each cannot take the budget those need
     /// (docs/design.md, "Ordering keys: runs after the windows").
-    fn key_runs(&mut self, keys: &[KeyRows], runs: &mut [KeyRun], run: u32) {
-        debug_assert_eq!(keys.len(), runs.len());
+    fn key_runs(&mut self, runs: &mut [KeyRun], run: u32) {
         for pos in 1..run as usize {
             for r in runs.iter_mut().filter(|r| r.open) {
                 match r.own.get(pos) {
