@@ -26,6 +26,7 @@ use crate::store::schema::adopt::Plan as AdoptPlan;
 use crate::store::schema::check::Problem;
 use crate::store::schema::{adopt, check, live, migrate};
 use crate::store::sql::{Columns, Dialect};
+use crate::store::sqlite::claim::claim_plan;
 
 /// The outbox on a SQL database.
 pub struct SqlStore {
@@ -350,6 +351,20 @@ impl SqlStore {
     #[doc(hidden)]
     pub fn hold_full_walks(&self, period: Duration) {
         self.claims.hold_full_walks(period);
+    }
+
+    /// SQLite's plan of a claim of `ids` for `req` (`EXPLAIN QUERY PLAN`'s details); `None`
+    /// on the other databases.
+    #[doc(hidden)]
+    pub async fn sqlite_claim_plan(
+        &self,
+        req: &ClaimRequest,
+        ids: &[i64],
+    ) -> anyhow::Result<Option<Vec<String>>> {
+        match self.db.dialect() {
+            Dialect::Sqlite => Ok(Some(claim_plan(&self.db, req, ids).await?)),
+            _ => Ok(None),
+        }
     }
 }
 

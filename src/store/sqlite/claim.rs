@@ -4,6 +4,8 @@
 //! the reads' plain equalities, so the default reads serve.
 
 use std::sync::Mutex;
+
+use sqlx::Row;
 use std::time::{Duration, Instant};
 
 use super::Sqlite;
@@ -63,9 +65,15 @@ impl ClaimSql for SqliteClaims {
             .push("))");
     }
 
-    /// One `UPDATE ... RETURNING` of the chosen rows still claimable; in leader mode the
-    /// statement checks the lease epoch itself (it runs under the database's single write
-    /// lock, so the check and the claim cannot disagree).
+    /// Ids as one JSON value: the statement's text stays the same for any set of them, so
+    /// SQLite prepares it once.
+    fn one_of(&self, q: &mut Sql, e: &str, ids: &[i64]) {
+        q.push(&format!("{e} IN (SELECT value FROM json_each("))
+            .text(&json_ids(ids))
+            .push("))");
+    }
+
+    /// One `UPDATE ... RETURNING` of the chosen rows still claimable ([`claim_statement`]).
     fn claim_ids<'a>(
         &'a self,
         db: &'a Db,
@@ -74,32 +82,7 @@ impl ClaimSql for SqliteClaims {
         _found: &'a Found,
     ) -> Rows<'a> {
         Box::pin(async move {
-            let (t, id) = (db.table(), &db.cols().id);
-            let list = ids
-                .iter()
-                .map(i64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
-            // Integers from this claim's own choice, not user text: safe in the SQL.
-            let claimable = claimable_for(db, self, &|e| format!("{e} IN ({list})"), req);
-            let mut q = Sql::new(&format!("UPDATE {t} SET claimed_by = "));
-            q.text(&req.claimer)
-                .push(", claim_token = ")
-                .text(&req.token)
-                .push(", claimed_until = ")
-                .now_plus(db.syntax(), req.ttl)
-                .push(&format!(
-                    " WHERE {id} IN (SELECT o.{id} FROM {t} o WHERE o.{id} IN ({list}) AND "
-                ))
-                .append(claimable);
-            if let Some(f) = &req.fence {
-                q.push(" AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
-                    .text(&f.lease)
-                    .push(" AND epoch = ")
-                    .int(f.epoch)
-                    .push(")");
-            }
-            q.push(&format!(") RETURNING {}", select_list(db, "", req)));
+            let q = claim_statement(self, db, req, ids);
             Ok(db.query(q).fetch_all(db.pool()).await?)
         })
     }
@@ -140,6 +123,67 @@ impl SqliteClaims {
         }
         due
     }
+}
+
+/// The claim of `ids` for `req`: one `UPDATE ... RETURNING` of those still claimable. In
+/// leader mode the statement checks the lease epoch itself (it runs under the database's
+/// single write lock, so the check and the claim cannot disagree).
+///
+/// The chosen ids drive the statement: they are one JSON value read as a table joined first
+/// (`CROSS JOIN` fixes the order), each row then found by its id. Written as
+/// `o.id IN (...) AND o.status IN (...)`, SQLite's planner, which has no statistics of the
+/// table, took the status index for the more selective and walked every unfinished row for
+/// each claim: a claim's cost grew with the backlog (docs/design.md, "Claims on SQLite").
+pub fn claim_statement(sql: &SqliteClaims, db: &Db, req: &ClaimRequest, ids: &[i64]) -> Sql {
+    let (t, id) = (db.table(), &db.cols().id);
+    let in_chosen = |e: &str| format!("{e} IN (SELECT c.id FROM {CHOSEN} c)");
+    let claimable = claimable_for(db, sql, &in_chosen, req);
+    let mut q = Sql::new(&format!(
+        "WITH {CHOSEN}(id) AS (SELECT value FROM json_each("
+    ));
+    q.text(&json_ids(ids))
+        .push(&format!(")) UPDATE {t} SET claimed_by = "))
+        .text(&req.claimer)
+        .push(", claim_token = ")
+        .text(&req.token)
+        .push(", claimed_until = ")
+        .now_plus(db.syntax(), req.ttl)
+        .push(&format!(
+            " WHERE {id} IN (SELECT o.{id} FROM {CHOSEN} l CROSS JOIN {t} o ON o.{id} = l.id \
+             WHERE "
+        ))
+        .append(claimable);
+    if let Some(f) = &req.fence {
+        q.push(" AND EXISTS (SELECT 1 FROM outbox_relay_lease WHERE name = ")
+            .text(&f.lease)
+            .push(" AND epoch = ")
+            .int(f.epoch)
+            .push(")");
+    }
+    q.push(&format!(") RETURNING {}", select_list(db, "", req)));
+    q
+}
+
+/// SQLite's plan of the claim of `ids` for `req` (the details `EXPLAIN QUERY PLAN` gives),
+/// for the test that a claim finds its rows by id whatever the backlog.
+pub async fn claim_plan(db: &Db, req: &ClaimRequest, ids: &[i64]) -> anyhow::Result<Vec<String>> {
+    let mut q = Sql::new("EXPLAIN QUERY PLAN ");
+    q.append(claim_statement(&SqliteClaims::default(), db, req, ids));
+    let rows = db.query(q).fetch_all(db.pool()).await?;
+    Ok(rows
+        .iter()
+        .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
+        .collect())
+}
+
+/// The claim's table of its chosen ids (a name no table of the relay's or of an
+/// application's is expected to take: a table of that name would be hidden in the claim).
+const CHOSEN: &str = "outbox_relay_chosen";
+
+/// `ids` as a JSON array, `[1,2,3]`.
+fn json_ids(ids: &[i64]) -> String {
+    let list: Vec<String> = ids.iter().map(i64::to_string).collect();
+    format!("[{}]", list.join(","))
 }
 
 /// The longest an idle relay goes without reading the picks themselves, whatever
