@@ -27,6 +27,7 @@
 //! share of rows.
 
 pub mod choose;
+pub mod conditions;
 pub mod cursor;
 #[cfg(test)]
 mod fixtures;
@@ -47,6 +48,10 @@ use self::choose::{Candidate, Choice, choose};
 use self::cursor::{Cursors, Planned};
 use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
+pub use self::conditions::{
+    claimable_among, claimable_for, claimable_given_earlier, free_and_open, plain_channel_rows,
+    set_claimed,
+};
 use self::returned::claimed_rows;
 pub use self::returned::ids_of;
 use self::windows::WindowsAhead;
@@ -229,114 +234,6 @@ pub trait ClaimSql: Send + Sync {
     fn quiet_ms(&self, _db: &Db) -> Option<String> {
         None
     }
-}
-
-/// [`ClaimSql::channel_rows`] by a plain equality on the channel.
-pub fn plain_channel_rows(db: &Db, w: &ChannelRead) -> Sql {
-    let c = db.cols();
-    let mut q = Sql::new(&format!(
-        " FROM {} o WHERE {} = ",
-        db.table(),
-        c.channel("o.")
-    ));
-    q.text(w.channel).push(&format!(" AND {}", c.open("o.")));
-    if let Some(from) = w.from {
-        q.push(&format!(" AND o.{} > ", c.id)).int(from);
-    }
-    let desc = if w.newest { " DESC" } else { "" };
-    q.push(&format!(" ORDER BY o.{}{desc} LIMIT {}", c.id, w.rows));
-    q
-}
-
-/// The condition that row `o` is claimable by a claim of `ids` (written with `in_ids`, the
-/// database's test that an expression is one of them): unfinished, due, under no live claim,
-/// and either the head of its ordering key or right behind a row of the same claim.
-pub fn claimable_among(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> String) -> String {
-    match keyed_rule(db, sql, in_ids) {
-        Some(rule) => format!("{} AND ({rule})", free_and_open(db)),
-        None => free_and_open(db),
-    }
-}
-
-/// The ordering-key part of [`claimable_among`] (`None` where the table has no key): row `o`
-/// has no key, is its key's head, or is right behind a row of the same claim.
-fn keyed_rule(db: &Db, sql: &dyn ClaimSql, in_ids: &dyn Fn(&str) -> String) -> Option<String> {
-    let k = db.cols().ordering_key.as_deref()?;
-    Some(format!(
-        "o.{k} IS NULL OR {} OR {}",
-        sql.head(db, "o."),
-        in_ids(&sql.earlier(db, "o."))
-    ))
-}
-
-/// [`claimable_among`] for `req`, which may also take a keyed row right behind one of its
-/// tails ([`ClaimRequest::tails`]) while this claimer holds that tail under a live claim: the
-/// relay sends such a row only once its tail was delivered (docs/design.md, "Ordering keys:
-/// chains").
-pub fn claimable_for(
-    db: &Db,
-    sql: &dyn ClaimSql,
-    in_ids: &dyn Fn(&str) -> String,
-    req: &ClaimRequest,
-) -> Sql {
-    let (Some(rule), false) = (keyed_rule(db, sql, in_ids), req.tails.is_empty()) else {
-        return Sql::new(&claimable_among(db, sql, in_ids));
-    };
-    let mut q = Sql::new(&format!("{} AND ({rule} OR ", free_and_open(db)));
-    held_tail(db, sql, req, &sql.earlier(db, "o."), &mut q);
-    q.push(")");
-    q
-}
-
-/// [`claimable_for`] where `e`, an expression the statement computes once per row, is row
-/// `o`'s nearest earlier unfinished row of its key ([`ClaimSql::earlier`]; NULL for a head or
-/// a row without a key): one look-up of it per row instead of one per test that asks
-/// (PostgreSQL computes it laterally).
-pub fn claimable_given_earlier(
-    db: &Db,
-    sql: &dyn ClaimSql,
-    in_ids: &dyn Fn(&str) -> String,
-    req: &ClaimRequest,
-    e: &str,
-) -> Sql {
-    let Some(k) = db.cols().ordering_key.as_deref() else {
-        return Sql::new(&free_and_open(db));
-    };
-    let mut q = Sql::new(&format!(
-        "{} AND (o.{k} IS NULL OR {e} IS NULL OR {}",
-        free_and_open(db),
-        in_ids(e)
-    ));
-    if !req.tails.is_empty() {
-        q.push(" OR ");
-        held_tail(db, sql, req, e, &mut q);
-    }
-    q.push(")");
-    q
-}
-
-/// Appends the condition that row `e` is one of `req`'s tails, held by its claimer under a
-/// live claim.
-fn held_tail(db: &Db, sql: &dyn ClaimSql, req: &ClaimRequest, e: &str, q: &mut Sql) {
-    let (t, id) = (db.table(), &db.cols().id);
-    q.push(&format!("{e} IN (SELECT h.{id} FROM {t} h WHERE "));
-    let tails: Vec<i64> = req.tails.iter().map(|t| t.row).collect();
-    sql.one_of(q, &format!("h.{id}"), &tails);
-    q.push(" AND h.claimed_by = ")
-        .text(&req.claimer)
-        .push(&format!(" AND h.claimed_until > {})", db.syntax().now()));
-}
-
-/// The condition that row `o` is unfinished, due and under no live claim (whatever its
-/// ordering key).
-pub fn free_and_open(db: &Db) -> String {
-    let (s, c) = (db.syntax(), db.cols());
-    format!(
-        "{} AND {} AND (o.claimed_until IS NULL OR o.claimed_until < {})",
-        c.open("o."),
-        c.due("o.", s),
-        s.now()
-    )
 }
 
 /// One store's claims: the database's way of writing them, and the floors and keys that say

@@ -19,7 +19,7 @@ use super::{MySql, key_check};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Found, Rows, free_and_open, ids_of};
+use crate::store::claim::{ClaimSql, Found, Rows, free_and_open, ids_of, set_claimed};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Fence};
 use crate::store::queue::results::ResultSql;
@@ -210,14 +210,12 @@ async fn claim(
 
 /// Marks `rows` claimed by `req`'s claimer and token until `now + ttl`.
 fn mark_claimed(db: &Db, req: &ClaimRequest, rows: &[AnyRow]) -> Sql {
-    let mut u = Sql::new(&format!("UPDATE {} SET claimed_by = ", db.table()));
-    u.text(&req.claimer)
-        .push(", claim_token = ")
-        .text(&req.token)
-        .push(", claimed_until = ")
-        .now_plus(db.syntax(), req.ttl)
-        .push(" WHERE ")
-        .one_of_ids(db.syntax(), &db.cols().id, &ids_of(rows));
+    let mut u = Sql::new(&format!("UPDATE {} SET ", db.table()));
+    set_claimed(&mut u, db, req).push(" WHERE ").one_of_ids(
+        db.syntax(),
+        &db.cols().id,
+        &ids_of(rows),
+    );
     u
 }
 

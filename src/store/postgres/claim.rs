@@ -26,7 +26,9 @@ use super::Postgres;
 use crate::store::claim::plan::{ChannelRead, KeyRef};
 use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Found, Rows, claimable_given_earlier, plain_channel_rows};
+use crate::store::claim::{
+    ClaimSql, Found, Rows, claimable_given_earlier, plain_channel_rows, set_claimed,
+};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Completion};
 use crate::store::queue::results::{Kind, ResultSql, by_token, tokens};
@@ -181,14 +183,8 @@ impl ClaimSql for Postgres {
             };
             let in_chosen = |e: &str| format!("{e} = {chosen}");
             let claimable = claimable_given_earlier(db, self, &in_chosen, req, "x.e");
-            q.push(&format!(" UPDATE {t} u SET claimed_by = "))
-                .text(&req.claimer)
-                .push(", claim_token = ")
-                .text(&req.token)
-                .push(", claimed_until = ")
-                // Only the claim columns change, none of them indexed: the claim can be a HOT
-                // update (docs/design.md, "HOT claims").
-                .now_plus(db.syntax(), req.ttl)
+            q.push(&format!(" UPDATE {t} u SET "));
+            set_claimed(&mut q, db, req)
                 .push(&format!(
                     " WHERE u.{id} = ANY(ARRAY(SELECT o.{id} FROM {t} o{earlier} \
                      WHERE o.{id} = {chosen} AND "

@@ -12,7 +12,7 @@ use super::Sqlite;
 use crate::BoxFuture;
 use crate::store::claim::read::KeyRead;
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Found, Rows, claimable_for};
+use crate::store::claim::{ClaimSql, Found, Rows, claimable_for, set_claimed};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::queue::results::ResultSql;
@@ -141,13 +141,8 @@ pub fn claim_statement(sql: &SqliteClaims, db: &Db, req: &ClaimRequest, ids: &[i
     let mut q = Sql::new(&format!(
         "WITH {CHOSEN}(id) AS (SELECT value FROM json_each("
     ));
-    q.text(&json_ids(ids))
-        .push(&format!(")) UPDATE {t} SET claimed_by = "))
-        .text(&req.claimer)
-        .push(", claim_token = ")
-        .text(&req.token)
-        .push(", claimed_until = ")
-        .now_plus(db.syntax(), req.ttl)
+    q.text(&json_ids(ids)).push(&format!(")) UPDATE {t} SET "));
+    set_claimed(&mut q, db, req)
         .push(&format!(
             " WHERE {id} IN (SELECT o.{id} FROM {CHOSEN} l CROSS JOIN {t} o ON o.{id} = l.id \
              WHERE "
