@@ -26,7 +26,7 @@ use crate::store::schema::adopt::Plan as AdoptPlan;
 use crate::store::schema::check::Problem;
 use crate::store::schema::{adopt, check, live, migrate};
 use crate::store::sql::{Columns, Dialect};
-use crate::store::sqlite::claim::claim_plan;
+use crate::store::sqlite::claim::plans;
 
 /// The outbox on a SQL database.
 pub struct SqlStore {
@@ -353,16 +353,17 @@ impl SqlStore {
         self.claims.hold_full_walks(period);
     }
 
-    /// SQLite's plan of a claim of `ids` for `req` (`EXPLAIN QUERY PLAN`'s details); `None`
-    /// on the other databases.
+    /// SQLite's plans of a claim of `ids` for `req` and of a read of the unserved channels
+    /// below `below` (`EXPLAIN QUERY PLAN`'s details); `None` on the other databases.
     #[doc(hidden)]
-    pub async fn sqlite_claim_plan(
+    pub async fn sqlite_plans(
         &self,
         req: &ClaimRequest,
         ids: &[i64],
-    ) -> anyhow::Result<Option<Vec<String>>> {
+        below: &str,
+    ) -> anyhow::Result<Option<[Vec<String>; 2]>> {
         match self.db.dialect() {
-            Dialect::Sqlite => Ok(Some(claim_plan(&self.db, req, ids).await?)),
+            Dialect::Sqlite => Ok(Some(plans(&self.db, req, ids, below).await?)),
             _ => Ok(None),
         }
     }

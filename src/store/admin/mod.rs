@@ -52,13 +52,7 @@ pub trait AdminSql: Send + Sync {
     /// earlier row of its key made PostgreSQL compare each row with every row of its key:
     /// 1,010,000 comparisons and 70 ms for 200 keys of 100 rows, against 4.8 ms grouped).
     fn blocked_keys(&self, db: &Db) -> Option<String> {
-        let (t, c) = (db.table(), db.cols());
-        let k = c.ordering_key.as_ref()?;
-        Some(format!(
-            "SELECT COUNT(*) FROM (SELECT o.{k} FROM {t} o \
-             WHERE {} AND o.{k} IS NOT NULL GROUP BY o.{k} HAVING COUNT(*) > 1) b",
-            c.open("o."),
-        ))
+        blocked_keys_in(db, &format!("{} o", db.table()))
     }
 
     /// The relay's own index of FAILED rows, where the query must name it: (the table with
@@ -82,4 +76,16 @@ pub trait AdminSql: Send + Sync {
             Ok(r.try_get::<i64, _>(0)?)
         })
     }
+}
+
+/// [`AdminSql::blocked_keys`] reading `from` (the table as `o`, and how the database is to
+/// read it); `None` where the table has no key.
+pub fn blocked_keys_in(db: &Db, from: &str) -> Option<String> {
+    let c = db.cols();
+    let k = c.ordering_key.as_ref()?;
+    Some(format!(
+        "SELECT COUNT(*) FROM (SELECT o.{k} FROM {from} \
+         WHERE {} AND o.{k} IS NOT NULL GROUP BY o.{k} HAVING COUNT(*) > 1) b",
+        c.open("o."),
+    ))
 }

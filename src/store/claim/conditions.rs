@@ -1,10 +1,10 @@
-//! The claim's conditions and assignments as SQL text, shared by the databases' claim
-//! statements: what makes a row claimable (the rule of docs/design.md, "Claims", with the
-//! ordering-key tests each database writes its own way through [`ClaimSql`]), and what a
-//! claim sets.
+//! The claim's conditions, assignments and plain reads as SQL text, shared by the databases'
+//! claim statements: what makes a row claimable (the rule of docs/design.md, "Claims", with
+//! the ordering-key tests each database writes its own way through [`ClaimSql`]), what a
+//! claim sets, and the default reads of a channel's rows and of the unserved channels'.
 
 use super::ClaimSql;
-use super::plan::ChannelRead;
+use super::plan::{ChannelRead, GapRead};
 use crate::store::db::Db;
 use crate::store::model::ClaimRequest;
 use crate::store::sql::Sql;
@@ -23,6 +23,26 @@ pub fn plain_channel_rows(db: &Db, w: &ChannelRead) -> Sql {
     }
     let desc = if w.newest { " DESC" } else { "" };
     q.push(&format!(" ORDER BY o.{}{desc} LIMIT {}", c.id, w.rows));
+    q
+}
+
+/// [`ClaimSql::unserved_rows`] from `from` (the table as `o`, and how the database is to read
+/// it): the rows that meet `claimable` in the gap between the served channels, by channel and
+/// id.
+pub fn gap_rows(db: &Db, from: &str, gap: &GapRead, claimable: &str) -> Sql {
+    let c = db.cols();
+    let channel = c.channel("o.");
+    let mut q = Sql::new(&format!(" FROM {from} WHERE {claimable}"));
+    if let Some(above) = gap.above {
+        q.push(&format!(" AND {channel} > ")).text(above);
+    }
+    if let Some(below) = gap.below {
+        q.push(&format!(" AND {channel} < ")).text(below);
+    }
+    q.push(&format!(
+        " ORDER BY {channel}, o.{} LIMIT {}",
+        c.id, gap.rows
+    ));
     q
 }
 

@@ -49,8 +49,8 @@ use self::cursor::{Cursors, Planned};
 use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
 pub use self::conditions::{
-    claimable_among, claimable_for, claimable_given_earlier, free_and_open, plain_channel_rows,
-    set_claimed,
+    claimable_among, claimable_for, claimable_given_earlier, free_and_open, gap_rows,
+    plain_channel_rows, set_claimed,
 };
 use self::returned::claimed_rows;
 pub use self::returned::ids_of;
@@ -146,20 +146,7 @@ pub trait ClaimSql: Send + Sync {
     /// every channel strictly between `gap.above` and `gap.below` (unbounded where `None`),
     /// oldest first within a channel.
     fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
-        let c = db.cols();
-        let channel = c.channel("o.");
-        let mut q = Sql::new(&format!(" FROM {} o WHERE {claimable}", db.table()));
-        if let Some(above) = gap.above {
-            q.push(&format!(" AND {channel} > ")).text(above);
-        }
-        if let Some(below) = gap.below {
-            q.push(&format!(" AND {channel} < ")).text(below);
-        }
-        q.push(&format!(
-            " ORDER BY {channel}, o.{} LIMIT {}",
-            c.id, gap.rows
-        ));
-        q
+        gap_rows(db, &format!("{} o", db.table()), gap, claimable)
     }
 
     /// The `FROM ... LIMIT` that reads up to `rows` rows `o` that meet `claimable` and whose

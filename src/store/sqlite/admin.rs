@@ -1,14 +1,38 @@
-//! What the operator's queries and the lock tables do differently on SQLite: the FAILED rows
-//! are read through the relay's index by name (without `ANALYZE` statistics SQLite sorts
-//! every FAILED row instead), and ShedLock's times are text in its `strftime` form.
+//! What the operator's queries and the lock tables do differently on SQLite: on the relay's
+//! own table the FAILED rows, the unfinished rows' ages and the blocked keys are read through
+//! the relay's indexes by name (without `ANALYZE` statistics SQLite sorts every FAILED row, or
+//! walks every unfinished row through the status index, instead), and ShedLock's times are
+//! text in its `strftime` form.
 
 use super::Sqlite;
-use crate::store::admin::AdminSql;
+use crate::store::admin::{AdminSql, blocked_keys_in};
 use crate::store::db::Db;
 use crate::store::locks::LockSql;
 use crate::store::sql::Sql;
 
 impl AdminSql for Sqlite {
+    /// On the relay's own table through the index of unfinished rows' `created_at`, named:
+    /// SQLite's planner, with no statistics, took the status index, and the age gauge read
+    /// every unfinished row instead of the index's first entry.
+    fn unfinished_rows(&self, db: &Db) -> (String, String, String) {
+        let (t, c) = (db.table(), db.cols());
+        let from = match c.mapped {
+            false => format!("{t} INDEXED BY {t}_pending_age_idx"),
+            true => t.to_string(),
+        };
+        (from, c.open(""), c.channel_text("", db.syntax()))
+    }
+
+    /// On the relay's own table through the index of unfinished keyed rows, named: the keys
+    /// come in order from it, without the status index's walk and a sort to group them.
+    fn blocked_keys(&self, db: &Db) -> Option<String> {
+        let t = db.table();
+        match db.cols().mapped {
+            false => blocked_keys_in(db, &format!("{t} o INDEXED BY {t}_open_key_idx")),
+            true => blocked_keys_in(db, &format!("{t} o")),
+        }
+    }
+
     fn failed_rows_index(&self, db: &Db) -> Option<(String, &'static str)> {
         let t = db.table();
         Some((format!("{t} INDEXED BY {t}_failed_idx"), ""))
