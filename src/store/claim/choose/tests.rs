@@ -1,0 +1,255 @@
+//! The choice's unit tests: the order in which a claim spends each channel's budget, runs,
+//! and what the floors learn.
+
+use super::*;
+
+fn row(id: i64, key: Option<&str>, free: bool, head: bool) -> Candidate {
+    Candidate {
+        id,
+        channel: Some("a".into()),
+        key: key.map(String::from),
+        free,
+        head,
+        last: false,
+    }
+}
+
+fn window(from: Option<i64>, rows: u32) -> Part {
+    Part::Window {
+        channel: "a".into(),
+        from,
+        rows,
+        newest: false,
+        sweep: false,
+    }
+}
+
+fn budget(total: u32, newest: u32) -> Vec<Budget> {
+    vec![Budget {
+        channel: "a".into(),
+        total,
+        newest,
+    }]
+}
+
+#[test]
+fn a_window_takes_claimable_rows_and_settles_past_the_others() {
+    let rows = vec![
+        row(1, None, true, true),
+        row(2, Some("k"), true, false),
+        row(3, None, false, true),
+        row(4, None, true, true),
+    ];
+    let c = choose(&[(window(Some(0), 4), rows)], &budget(10, 0), 1);
+    assert_eq!(c.ids, [1, 4]);
+    assert_eq!(c.seen[0].settled, Some(4));
+    assert!(!c.seen[0].reached_end);
+    assert_eq!(c.seen[0].took, 2);
+}
+
+#[test]
+fn a_small_window_taken_whole_is_read_on_past_with_a_window_for_the_room_left() {
+    // A first window made small (64) by keys in flight whose rows behind their tails
+    // were not there: the next window reads twice the 136 rows of room left, not 64.
+    let rows: Vec<Candidate> = (1..=64).map(|id| row(id, None, true, true)).collect();
+    let c = choose(&[(window(None, 64), rows)], &budget(200, 0), 1);
+    assert_eq!((c.seen[0].took, c.seen[0].room), (64, 136));
+    assert!(c.seen[0].wants_more);
+    assert_eq!(super::super::read_on(&c), [window(Some(64), 272)]);
+    // No room left: no more reads.
+    let rows: Vec<Candidate> = (1..=64).map(|id| row(id, None, true, true)).collect();
+    let c = choose(&[(window(None, 64), rows)], &budget(64, 0), 1);
+    assert_eq!(c.seen[0].room, 0);
+    assert!(super::super::read_on(&c).is_empty());
+}
+
+#[test]
+fn a_window_whose_budget_ran_out_settles_before_the_first_row_left() {
+    let rows = vec![
+        row(5, None, true, true),
+        row(6, Some("k"), true, false),
+        row(7, None, true, true),
+        row(8, None, true, true),
+    ];
+    let c = choose(&[(window(Some(4), 8), rows)], &budget(1, 0), 1);
+    assert_eq!(c.ids, [5]);
+    assert_eq!(c.seen[0].settled, Some(6), "7 is claimable and left");
+    assert!(c.seen[0].reached_end);
+}
+
+#[test]
+fn a_freed_key_takes_a_run_while_rows_are_free() {
+    let key = KeyRef {
+        key: "k".into(),
+        row: 1,
+    };
+    let rows = vec![
+        row(3, Some("k"), true, true),
+        row(9, Some("k"), true, false),
+        row(12, Some("k"), false, false),
+        row(14, Some("k"), true, false),
+        row(15, Some("other"), true, true),
+    ];
+    let c = choose(
+        &[(
+            Part::Key {
+                key: key.clone(),
+                after: None,
+                rows: 8,
+            },
+            rows,
+        )],
+        &budget(10, 0),
+        8,
+    );
+    assert_eq!(c.ids, [3, 9], "stops at the first row that is not free");
+    assert_eq!(c.runs, [vec![3, 9]]);
+    assert_eq!(c.keys, [(key, KeyFate::Taken)]);
+}
+
+#[test]
+fn a_window_comes_after_each_keys_first_row_and_before_the_rest_of_their_runs() {
+    let key = |k: &str, row: i64| KeyRef { key: k.into(), row };
+    let part = |k: &str, row: i64| Part::Key {
+        key: key(k, row),
+        after: None,
+        rows: 8,
+    };
+    let keyed = |k: &str, ids: [i64; 4]| {
+        ids.iter()
+            .enumerate()
+            .map(|(i, &id)| row(id, Some(k), true, i == 0))
+            .collect::<Vec<_>>()
+    };
+    // Two keys of four rows each, and a window of four unkeyed rows behind them.
+    let unkeyed: Vec<Candidate> = (20..24).map(|id| row(id, None, true, true)).collect();
+    let found = [
+        (part("a", 1), keyed("a", [1, 3, 5, 7])),
+        (part("b", 2), keyed("b", [2, 4, 6, 8])),
+        (window(Some(10), 4), unkeyed),
+    ];
+    // Budget for eight: both heads, the whole window, then the keys' second rows.
+    let c = choose(&found, &budget(8, 0), 8);
+    assert_eq!(c.ids, [1, 2, 20, 21, 22, 23, 3, 4]);
+    assert_eq!(c.runs, [vec![1, 3], vec![2, 4]]);
+    assert_eq!(c.seen[0].took, 4);
+    // Budget for three: a key's first row each, then the window's oldest; no run grows.
+    let c = choose(&found, &budget(3, 0), 8);
+    assert_eq!(c.ids, [1, 2, 20]);
+    assert!(c.runs.is_empty());
+    let fates: Vec<KeyFate> = c.keys.iter().map(|(_, f)| f.clone()).collect();
+    assert_eq!(fates, [KeyFate::Taken, KeyFate::Taken]);
+    // What they read and did not take is ahead of what they took.
+    assert_eq!(c.ahead[0].rows, [3, 5, 7]);
+}
+
+#[test]
+fn a_key_whose_head_is_not_claimable_is_done_and_one_without_budget_is_deferred() {
+    let k = |key: &str| KeyRef {
+        key: key.into(),
+        row: 1,
+    };
+    let found = vec![
+        (
+            Part::Key {
+                key: k("busy"),
+                after: None,
+                rows: 4,
+            },
+            vec![row(2, Some("busy"), false, true)],
+        ),
+        (
+            Part::Key {
+                key: k("late"),
+                after: None,
+                rows: 4,
+            },
+            vec![row(3, Some("late"), true, true)],
+        ),
+    ];
+    let c = choose(&found, &budget(0, 0), 4);
+    assert!(c.ids.is_empty());
+    assert_eq!(
+        c.keys,
+        [(k("busy"), KeyFate::Done), (k("late"), KeyFate::Deferred)]
+    );
+}
+
+#[test]
+fn rows_read_and_not_taken_are_ahead_of_the_rows_taken() {
+    let key = KeyRef {
+        key: "k".into(),
+        row: 10,
+    };
+    // Read behind tail 10: the budget takes two; 13 and 14 are ahead, and so is 15, known
+    // from an earlier read and not read now.
+    let rows: Vec<Candidate> = (11..=14).map(|i| row(i, Some("k"), true, true)).collect();
+    let known = Part::Known {
+        key: key.clone(),
+        after: 10,
+        ids: vec![11, 12, 13, 14],
+        more: vec![15],
+    };
+    let c = choose(&[(known, rows.clone())], &budget(2, 0), 8);
+    assert_eq!(c.ids, [11, 12]);
+    let ahead = Ahead {
+        key: "k".into(),
+        took: vec![11, 12],
+        after: Some(10),
+        rows: vec![13, 14, 15],
+    };
+    assert_eq!(c.ahead, [ahead]);
+    // A row not free ends what is ahead: nothing known behind it counts.
+    let mut rows = rows;
+    rows[3].free = false;
+    let part = Part::Key {
+        key,
+        after: Some(10),
+        rows: 4,
+    };
+    let c = choose(&[(part, rows)], &budget(2, 0), 8);
+    assert_eq!(c.ahead[0].rows, [13]);
+}
+
+/// A window's head known to be its key's only unfinished row marks its key empty behind
+/// it (and only if taken).
+#[test]
+fn a_taken_head_that_is_its_keys_last_row_marks_the_key_empty_behind_it() {
+    let mut rows = vec![
+        row(1, Some("k"), true, true),
+        row(2, Some("j"), true, true),
+        row(3, Some("i"), true, true),
+    ];
+    rows[0].last = true;
+    rows[2].last = true;
+    let c = choose(&[(window(None, 3), rows)], &budget(2, 0), 8);
+    assert_eq!(c.ids, [1, 2]);
+    let empty = Ahead {
+        key: "k".into(),
+        took: vec![1],
+        after: None,
+        rows: vec![],
+    };
+    assert_eq!(c.ahead, [empty], "3 is the last of `i` but not taken");
+}
+
+#[test]
+fn the_newest_share_is_kept_for_the_newest_window() {
+    let oldest: Vec<Candidate> = (1..=10).map(|i| row(i, None, true, true)).collect();
+    let newest: Vec<Candidate> = (90..=100).rev().map(|i| row(i, None, true, true)).collect();
+    let found = vec![
+        (window(None, 20), oldest),
+        (
+            Part::Window {
+                channel: "a".into(),
+                from: None,
+                rows: 8,
+                newest: true,
+                sweep: false,
+            },
+            newest,
+        ),
+    ];
+    let c = choose(&found, &budget(4, 1), 1);
+    assert_eq!(c.ids, [1, 2, 3, 100]);
+}
