@@ -26,7 +26,6 @@ use crate::store::schema::adopt::Plan as AdoptPlan;
 use crate::store::schema::check::Problem;
 use crate::store::schema::{adopt, check, live, migrate};
 use crate::store::sql::{Columns, Dialect};
-use crate::store::sqlite::claim::plans;
 
 /// The outbox on a SQL database.
 pub struct SqlStore {
@@ -362,10 +361,7 @@ impl SqlStore {
         ids: &[i64],
         below: &str,
     ) -> anyhow::Result<Option<[Vec<String>; 2]>> {
-        match self.db.dialect() {
-            Dialect::Sqlite => Ok(Some(plans(&self.db, req, ids, below).await?)),
-            _ => Ok(None),
-        }
+        self.claims.plans(&self.db, req, ids, below).await
     }
 }
 

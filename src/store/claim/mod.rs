@@ -215,6 +215,19 @@ pub trait ClaimSql: Send + Sync {
         Box::pin(async { Ok(true) })
     }
 
+    /// For tests, where the database plans statements without statistics (SQLite): the plans
+    /// (`EXPLAIN QUERY PLAN`'s details) of the claim of `ids` for `req` and of a read of the
+    /// unserved channels below `below`. By default none.
+    fn plans<'a>(
+        &'a self,
+        _db: &'a Db,
+        _req: &'a ClaimRequest,
+        _ids: &'a [i64],
+        _below: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<[Vec<String>; 2]>>> {
+        Box::pin(async { Ok(None) })
+    }
+
     /// Milliseconds until the earliest unfinished row is due (NULL when none is unfinished),
     /// an expression the idle read adds on a database whose inserts are announced, so that an
     /// idle relay can sleep until then (see `Probe::Nothing`). By default none: no promise.
@@ -391,6 +404,17 @@ impl Claims {
     /// For tests: see `SqlStore::hold_full_walks`.
     pub fn hold_full_walks(&self, period: Duration) {
         self.cursors.hold_walks(period);
+    }
+
+    /// For tests: see `SqlStore::sqlite_plans`.
+    pub async fn plans(
+        &self,
+        db: &Db,
+        req: &ClaimRequest,
+        ids: &[i64],
+        below: &str,
+    ) -> anyhow::Result<Option<[Vec<String>; 2]>> {
+        self.sql.plans(db, req, ids, below).await
     }
 }
 

@@ -102,6 +102,36 @@ impl ClaimSql for SqliteClaims {
         })
     }
 
+    /// The plans of the claim and of the unserved channels' read, for the test that neither
+    /// walks the backlog (`store::backlog`).
+    fn plans<'a>(
+        &'a self,
+        db: &'a Db,
+        req: &'a ClaimRequest,
+        ids: &'a [i64],
+        below: &'a str,
+    ) -> BoxFuture<'a, anyhow::Result<Option<[Vec<String>; 2]>>> {
+        Box::pin(async move {
+            let mut claim = Sql::new("EXPLAIN QUERY PLAN ");
+            claim.append(claim_statement(self, db, req, ids));
+            let gap = GapRead {
+                above: None,
+                below: Some(below),
+                rows: 32,
+            };
+            let mut unserved = Sql::new(&format!("EXPLAIN QUERY PLAN SELECT o.{}", db.cols().id));
+            unserved.append(self.unserved_rows(db, &gap, &claimable(db, self)));
+            let mut plans = [Vec::new(), Vec::new()];
+            for (plan, q) in plans.iter_mut().zip([claim, unserved]) {
+                let rows = db.query(q).fetch_all(db.pool()).await?;
+                *plan = (rows.iter())
+                    .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
+                    .collect();
+            }
+            Ok(Some(plans))
+        })
+    }
+
     /// On the relay's own table the index of due times says whether any unfinished row may
     /// be due (a mapped table has no such index).
     fn maybe_due<'a>(&'a self, db: &'a Db) -> BoxFuture<'a, anyhow::Result<bool>> {
@@ -172,35 +202,6 @@ pub fn claim_statement(sql: &SqliteClaims, db: &Db, req: &ClaimRequest, ids: &[i
     }
     q.push(&format!(") RETURNING {}", select_list(db, "", req)));
     q
-}
-
-/// SQLite's plans (the details `EXPLAIN QUERY PLAN` gives) of the claim of `ids` for `req`
-/// and of a read of the unserved channels below `below`, for the tests that neither walks
-/// the backlog.
-pub async fn plans(
-    db: &Db,
-    req: &ClaimRequest,
-    ids: &[i64],
-    below: &str,
-) -> anyhow::Result<[Vec<String>; 2]> {
-    let sql = SqliteClaims::default();
-    let mut claim = Sql::new("EXPLAIN QUERY PLAN ");
-    claim.append(claim_statement(&sql, db, req, ids));
-    let gap = GapRead {
-        above: None,
-        below: Some(below),
-        rows: 32,
-    };
-    let mut unserved = Sql::new(&format!("EXPLAIN QUERY PLAN SELECT o.{}", db.cols().id));
-    unserved.append(sql.unserved_rows(db, &gap, &claimable(db, &sql)));
-    let mut plans = [Vec::new(), Vec::new()];
-    for (plan, q) in plans.iter_mut().zip([claim, unserved]) {
-        let rows = db.query(q).fetch_all(db.pool()).await?;
-        *plan = (rows.iter())
-            .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
-            .collect();
-    }
-    Ok(plans)
 }
 
 /// The claim's table of its chosen ids (a name no table of the relay's or of an
