@@ -1,7 +1,9 @@
 //! SQLite's claims and idle reads. The claim is one `UPDATE ... RETURNING` of the chosen
-//! rows; the idle read asks an index of due times first ([`SqliteClaims::anything_due`]).
-//! SQLite's planner takes the partial indexes of unfinished rows by channel and by key for
-//! the reads' plain equalities, so the default reads serve.
+//! rows, found by their ids ([`claim_statement`]); the idle read asks an index of due times
+//! first ([`SqliteClaims::anything_due`]). SQLite's planner takes the partial indexes of
+//! unfinished rows by channel and by key for the reads' plain equalities, so the default
+//! channel and key reads serve; where a statement has no such equality it has no statistics
+//! to choose by, and on the relay's own table names its index (the unserved channels' read).
 
 use std::sync::Mutex;
 
@@ -179,7 +181,7 @@ impl SqliteClaims {
 /// `o.id IN (...) AND o.status IN (...)`, SQLite's planner, which has no statistics of the
 /// table, took the status index for the more selective and walked every unfinished row for
 /// each claim: a claim's cost grew with the backlog (docs/design.md, "Claims on SQLite").
-pub fn claim_statement(sql: &SqliteClaims, db: &Db, req: &ClaimRequest, ids: &[i64]) -> Sql {
+fn claim_statement(sql: &SqliteClaims, db: &Db, req: &ClaimRequest, ids: &[i64]) -> Sql {
     let (t, id) = (db.table(), &db.cols().id);
     let in_chosen = |e: &str| format!("{e} IN (SELECT c.id FROM {CHOSEN} c)");
     let claimable = claimable_for(db, sql, &in_chosen, req);
