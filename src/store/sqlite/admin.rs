@@ -17,7 +17,7 @@ impl AdminSql for Sqlite {
     fn unfinished_rows(&self, db: &Db) -> (String, String, String) {
         let (t, c) = (db.table(), db.cols());
         let from = match c.mapped {
-            false => format!("{t} INDEXED BY {t}_pending_age_idx"),
+            false => format!("{t} INDEXED BY {}", db.object("pending_age_idx").1),
             true => t.to_string(),
         };
         (from, c.open(""), c.channel_text("", db.syntax()))

@@ -3,7 +3,7 @@
 //! first ([`SqliteClaims::anything_due`]). SQLite's planner takes the partial indexes of
 //! unfinished rows by channel and by key for the reads' plain equalities, so the default
 //! channel and key reads serve; where a statement has no such equality it has no statistics
-//! to choose by, and on the relay's own table names its index (the unserved channels' read).
+//! to choose by, and names its index (the unserved channels' read).
 
 use std::sync::Mutex;
 
@@ -76,17 +76,15 @@ impl ClaimSql for SqliteClaims {
             .push("))");
     }
 
-    /// On the relay's own table through the index of unfinished rows by channel, named:
-    /// SQLite's planner, with no statistics of the table, took the status index for the more
-    /// selective, and walked and sorted every unfinished row each time the unserved channels
-    /// were looked for (docs/design.md, "Claims on SQLite"). A mapped table is read as
-    /// planned (its index of unfinished rows by channel may have another name).
+    /// Through the index of unfinished rows by channel, named: SQLite's planner, with no
+    /// statistics of the table, took the status index for the more selective, and walked and
+    /// sorted every unfinished row each time the unserved channels were looked for
+    /// (docs/design.md, "Claims on SQLite"). The index is the relay's: `migrate` creates it on
+    /// its own table, `migrate --adopt` on a mapped one, and the relay does not start without
+    /// it.
     fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
-        let t = db.table();
-        let from = match db.cols().mapped {
-            false => format!("{t} o INDEXED BY {t}_channel_due_idx"),
-            true => format!("{t} o"),
-        };
+        let (_, index) = db.object("channel_due_idx");
+        let from = format!("{} o INDEXED BY {index}", db.table());
         gap_rows(db, &from, gap, claimable)
     }
 
