@@ -27,11 +27,9 @@ pub fn plain_channel_rows(db: &Db, w: &ChannelRead) -> Sql {
 }
 
 /// [`ClaimSql::unserved_rows`] from `from` (the table as `o`, and how the database is to read
-/// it): the rows that meet `claimable` in the gap between the served channels, by channel and
-/// id.
-pub fn gap_rows(db: &Db, from: &str, gap: &GapRead, claimable: &str) -> Sql {
-    let c = db.cols();
-    let channel = c.channel("o.");
+/// it), by `channel` (the expression that holds a row's channel there): the rows that meet
+/// `claimable` in the gap between the served channels, by channel and id.
+pub fn gap_rows(db: &Db, from: &str, channel: &str, gap: &GapRead, claimable: &str) -> Sql {
     let mut q = Sql::new(&format!(" FROM {from} WHERE {claimable}"));
     if let Some(above) = gap.above {
         q.push(&format!(" AND {channel} > ")).text(above);
@@ -41,7 +39,8 @@ pub fn gap_rows(db: &Db, from: &str, gap: &GapRead, claimable: &str) -> Sql {
     }
     q.push(&format!(
         " ORDER BY {channel}, o.{} LIMIT {}",
-        c.id, gap.rows
+        db.cols().id,
+        gap.rows
     ));
     q
 }

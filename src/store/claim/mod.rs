@@ -146,7 +146,8 @@ pub trait ClaimSql: Send + Sync {
     /// every channel strictly between `gap.above` and `gap.below` (unbounded where `None`),
     /// oldest first within a channel.
     fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
-        gap_rows(db, &format!("{} o", db.table()), gap, claimable)
+        let from = format!("{} o", db.table());
+        gap_rows(db, &from, &db.cols().channel("o."), gap, claimable)
     }
 
     /// The `FROM ... LIMIT` that reads up to `rows` rows `o` that meet `claimable` and whose

@@ -19,7 +19,7 @@ use super::{MySql, key_check};
 use crate::BoxFuture;
 use crate::store::claim::plan::{ChannelRead, GapRead, KeyRef};
 use crate::store::claim::returned::select_list;
-use crate::store::claim::{ClaimSql, Found, Rows, free_and_open, ids_of, set_claimed};
+use crate::store::claim::{ClaimSql, Found, Rows, free_and_open, gap_rows, ids_of, set_claimed};
 use crate::store::db::Db;
 use crate::store::model::{ClaimRequest, Fence};
 use crate::store::queue::results::ResultSql;
@@ -80,22 +80,9 @@ impl ClaimSql for MySql {
     }
 
     fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
-        let (t, id) = (db.table(), &db.cols().id);
-        let mut q = Sql::new(&format!(
-            " FROM {t} o FORCE INDEX ({}) WHERE {claimable} AND o.{OPEN_CHANNEL} IS NOT NULL",
-            index(db, "open_idx")
-        ));
-        if let Some(above) = gap.above {
-            q.push(&format!(" AND o.{OPEN_CHANNEL} > ")).text(above);
-        }
-        if let Some(below) = gap.below {
-            q.push(&format!(" AND o.{OPEN_CHANNEL} < ")).text(below);
-        }
-        q.push(&format!(
-            " ORDER BY o.{OPEN_CHANNEL}, o.{id} LIMIT {}",
-            gap.rows
-        ));
-        q
+        let from = format!("{} o FORCE INDEX ({})", db.table(), index(db, "open_idx"));
+        let claimable = format!("{claimable} AND o.{OPEN_CHANNEL} IS NOT NULL");
+        gap_rows(db, &from, &format!("o.{OPEN_CHANNEL}"), gap, &claimable)
     }
 
     /// A NULL channel is `''` in `open_channel`: the first gap between served channels reads

@@ -85,7 +85,7 @@ impl ClaimSql for SqliteClaims {
     fn unserved_rows(&self, db: &Db, gap: &GapRead, claimable: &str) -> Sql {
         let (_, index) = db.object("channel_due_idx");
         let from = format!("{} o INDEXED BY {index}", db.table());
-        gap_rows(db, &from, gap, claimable)
+        gap_rows(db, &from, &db.cols().channel("o."), gap, claimable)
     }
 
     /// One `UPDATE ... RETURNING` of the chosen rows still claimable ([`claim_statement`]).
