@@ -73,19 +73,31 @@ async fn claim_costs(db: Db, per_key: usize) -> Option<Vec<i64>> {
     let mut costs = Vec::new();
     for round in 0..4 {
         let before = rows_read(db, &store, &td.table).await;
-        let req = hook_request(64, "backlog");
-        let got = bounded("claim", store.claim(&req)).await;
+        let (req, got) = claim_round(&store, round).await;
         costs.push(rows_read(db, &store, &td.table).await - before);
-        let want = if round == 0 { KEYS } else { 64 };
-        assert_eq!(got.len(), want, "round {round}: {:?}", ids(&got));
-        let done: Vec<Completion> = (got.iter())
-            .map(|r| completion(&req, r.delivery.id, Resolution::Delivered))
-            .collect();
-        assert_eq!(complete(&store, &done).await, got.len() as u64);
+        deliver(&store, &req, &got).await;
     }
     store.pool().close().await;
     td.drop_table().await;
     Some(costs)
+}
+
+/// Claim `round` of 64 rows over the backlog: the first takes each key's head, the next
+/// ones the freed keys' runs, 64 rows each.
+async fn claim_round(store: &SqlStore, round: usize) -> (ClaimRequest, Vec<ClaimedRow>) {
+    let req = hook_request(64, "backlog");
+    let got = bounded("claim", store.claim(&req)).await;
+    let want = if round == 0 { KEYS } else { 64 };
+    assert_eq!(got.len(), want, "round {round}: {:?}", ids(&got));
+    (req, got)
+}
+
+/// Records `got`, claimed by `req`, as delivered.
+async fn deliver(store: &SqlStore, req: &ClaimRequest, got: &[ClaimedRow]) {
+    let done: Vec<Completion> = (got.iter())
+        .map(|r| completion(req, r.delivery.id, Resolution::Delivered))
+        .collect();
+    assert_eq!(complete(store, &done).await, got.len() as u64);
 }
 
 /// The `ordering_blocked_keys` gauge, sampled every 15 s, counts the [`KEYS`] keys in one pass
@@ -174,13 +186,7 @@ async fn sqlite_claims_walk_no_backlog() {
     let sample = bounded("sample", store.sample(false)).await;
     assert!(sample.oldest_pending.is_some(), "{sample:?}");
     for round in 0..3 {
-        let req = hook_request(64, "backlog");
-        let got = bounded("claim", store.claim(&req)).await;
-        let want = if round == 0 { KEYS } else { 64 };
-        assert_eq!(got.len(), want, "round {round}: {:?}", ids(&got));
-        let done: Vec<Completion> = (got.iter())
-            .map(|r| completion(&req, r.delivery.id, Resolution::Delivered))
-            .collect();
-        assert_eq!(complete(&**store, &done).await, got.len() as u64);
+        let (req, got) = claim_round(store, round).await;
+        deliver(store, &req, &got).await;
     }
 }
