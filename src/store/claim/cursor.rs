@@ -277,9 +277,9 @@ impl State {
 impl Cursors {
     /// Cursors that read ahead of the keys in flight (docs/design.md, "Ordering keys: rows
     /// read ahead"): a key read from behind its tail reads a whole run, and the rows a claim
-    /// does not take are read by id by the next claims, or taken as read by a leader's. For
-    /// MySQL/MariaDB, whose read costs a member per key, and PostgreSQL, where a leader's
-    /// claims then skip the keys' read; on SQLite it saved nothing.
+    /// does not take are read by id by the next claims, or taken as read by a leader's. Every
+    /// database's claims read so: a leader's claims then skip the keys' read, which on
+    /// MySQL/MariaDB costs a member per key.
     pub fn reading_ahead() -> Cursors {
         let c = Cursors::default();
         c.lock().ahead = ReadAhead::on();

@@ -56,7 +56,7 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Reading ahead (`ClaimSql::reads_ahead`).
+    /// Reading ahead ([`super::cursor::Cursors::reading_ahead`], every store's claims).
     pub fn on() -> ReadAhead {
         ReadAhead {
             on: true,

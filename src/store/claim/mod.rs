@@ -128,12 +128,6 @@ pub trait ClaimSql: Send + Sync {
         None
     }
 
-    /// Whether claims read ahead of the keys in flight ([`Cursors::reading_ahead`]). By
-    /// default (SQLite) no: its drains gained nothing by it.
-    fn reads_ahead(&self) -> bool {
-        false
-    }
-
     /// Where claims read ahead: whether head `a` is also its key's last unfinished row, a
     /// condition costing an index step (a key read as empty behind it is then not read
     /// behind it while it is in flight: docs/design.md, "Ordering keys: keys read as empty").
@@ -247,13 +241,9 @@ pub struct Claims {
 
 impl Claims {
     pub fn new(sql: Box<dyn ClaimSql>) -> Claims {
-        let cursors = match sql.reads_ahead() {
-            true => Cursors::reading_ahead(),
-            false => Cursors::default(),
-        };
         Claims {
             sql,
-            cursors,
+            cursors: Cursors::reading_ahead(),
             windows: WindowsAhead::default(),
         }
     }

@@ -52,13 +52,6 @@ impl ClaimSql for MySql {
         q
     }
 
-    /// A member per key costs the read's planning 60-90 µs (no `LATERAL` to read them all
-    /// in one): keys in flight are read a run at a time and the rest by id
-    /// (docs/design.md, "Ordering keys: rows read ahead").
-    fn reads_ahead(&self) -> bool {
-        true
-    }
-
     /// Runs of consecutive ids as ranges (docs/design.md, "Id sets as ranges on
     /// MySQL/MariaDB").
     fn one_of(&self, q: &mut Sql, e: &str, ids: &[i64]) {

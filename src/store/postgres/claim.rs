@@ -45,13 +45,6 @@ fn key_after(k: &str, id: &str, kv: &str) -> String {
 const QUIET_SCAN: u32 = 1000;
 
 impl ClaimSql for Postgres {
-    /// A leader's claims take the rows read ahead as read, and so skip the read of the keys
-    /// in flight, laterally one index walk each (docs/design.md, "Ordering keys: rows read
-    /// ahead").
-    fn reads_ahead(&self) -> bool {
-        true
-    }
-
     fn channel_rows(&self, db: &Db, w: &ChannelRead) -> Sql {
         let c = db.cols();
         // A mapped table: its channel may be a constant (the index of unfinished rows is by
