@@ -214,6 +214,13 @@ impl SqlStore {
         status::sample(&self.db, self.engine, count_success).await
     }
 
+    /// The statements of the gauges that read the unfinished rows (the oldest row's age, the
+    /// blocked keys), as `sample` runs them: tests check their plans.
+    #[doc(hidden)]
+    pub fn gauge_statements(&self) -> Vec<String> {
+        status::gauge_statements(&self.db, self.engine)
+    }
+
     /// Live claims per instance: (claimed_by, rows under a claim that has not run out).
     pub async fn live_claims(&self) -> anyhow::Result<Vec<(String, i64)>> {
         status::live_claims(&self.db).await

@@ -47,18 +47,33 @@ pub async fn status(db: &Db, sql: &dyn AdminSql, lease: &str) -> anyhow::Result<
 /// Age of the oldest unfinished row, by `created_at`, read from an index of unfinished rows
 /// ([`AdminSql::unfinished_rows`]).
 async fn oldest_pending_ms(db: &Db, sql: &dyn AdminSql) -> anyhow::Result<Option<i64>> {
-    let Some(created) = &db.cols().created_at else {
+    let Some(q) = oldest_pending_sql(db, sql) else {
         return Ok(None);
     };
-    let (from, open, _) = sql.unfinished_rows(db);
     Ok(db
-        .sql(&format!(
-            "SELECT {} FROM {from} WHERE {open}",
-            db.syntax().age_ms(&format!("MIN({created})")),
-        ))
+        .sql(&q)
         .fetch_one(db.pool())
         .await?
         .try_get::<Option<i64>, _>(0)?)
+}
+
+/// [`oldest_pending_ms`]'s statement; `None` where the table has no `created_at`.
+fn oldest_pending_sql(db: &Db, sql: &dyn AdminSql) -> Option<String> {
+    let created = db.cols().created_at.as_ref()?;
+    let (from, open, _) = sql.unfinished_rows(db);
+    Some(format!(
+        "SELECT {} FROM {from} WHERE {open}",
+        db.syntax().age_ms(&format!("MIN({created})")),
+    ))
+}
+
+/// The statements of the two gauges that read the unfinished rows (the oldest row's age,
+/// the blocked keys), as [`sample`] runs them, for tests of their plans.
+pub fn gauge_statements(db: &Db, sql: &dyn AdminSql) -> Vec<String> {
+    [oldest_pending_sql(db, sql), sql.blocked_keys(db)]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Live claims per instance: (claimed_by, rows under a claim that has not run out). Parked

@@ -4,7 +4,8 @@
 //! the freed keys. Counted by the server itself on the claims' own session: MariaDB's
 //! `Handler_read_*`, PostgreSQL's index and table tuples read (`pg_stat_user_indexes`,
 //! `pg_stat_user_tables`, flushed by `pg_stat_force_next_flush()`). SQLite keeps no such
-//! counters: its claim statement's plan is checked instead.
+//! counters: the plans of its claim statement, its read of the unserved channels and its gauges
+//! are checked instead.
 
 use super::*;
 
@@ -105,6 +106,17 @@ async fn deliver(store: &SqlStore, req: &ClaimRequest, got: &[ClaimedRow]) {
 /// row with every row of its key: 17 s over 100,000 rows of 20 keys, a core kept busy by a
 /// gauge (21 ms grouped; MariaDB 190 against 20 ms). The bound is a hang guard, 200 times the
 /// grouped figure.
+/// SQLite's plan of `q` (`EXPLAIN QUERY PLAN`'s details).
+async fn sqlite_plan(store: &SqlStore, q: &str) -> Vec<String> {
+    sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {q}")))
+        .fetch_all(store.pool())
+        .await
+        .expect("query plan")
+        .iter()
+        .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
+        .collect()
+}
+
 async fn blocked_keys_gauge_is_quick(store: &SqlStore) {
     let sample = tokio::time::timeout(Duration::from_secs(5), store.sample(false)).await;
     let sample = sample.expect("the sample took over 5 s").expect("sample");
@@ -181,7 +193,24 @@ async fn sqlite_claims_walk_no_backlog() {
             );
         }
     }
-    // The gauges read the relay's indexes by name on SQLite: the statements run, and count.
+    // The gauges read the relay's indexes by name on SQLite: each walks its index (the
+    // oldest row's age one end of it), neither the status index nor a sort; and they count.
+    let gauges = store.gauge_statements();
+    assert_eq!(gauges.len(), 2, "{gauges:?}");
+    let t = &td.table;
+    let walks = [
+        format!("SEARCH {t} USING INDEX {t}_pending_age_idx"),
+        format!("SEARCH o USING INDEX {t}_open_key_idx"),
+    ];
+    for (q, walk) in gauges.iter().zip(walks) {
+        let plan = sqlite_plan(store, q).await;
+        let walked = |l: &String| l.starts_with(&walk);
+        assert!(plan.iter().any(walked), "{q}: {plan:?}");
+        for line in &plan {
+            assert!(!line.contains("status_idx"), "{q}: {plan:?}");
+            assert!(!line.contains("TEMP B-TREE"), "{q}: {plan:?}");
+        }
+    }
     blocked_keys_gauge_is_quick(store).await;
     let sample = bounded("sample", store.sample(false)).await;
     assert!(sample.oldest_pending.is_some(), "{sample:?}");
