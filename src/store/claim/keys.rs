@@ -56,7 +56,7 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Reading ahead ([`super::cursor::Cursors::reading_ahead`], every store's claims).
+    /// Reading ahead (every store's claims read so: `Cursors::reading_ahead`).
     pub fn on() -> ReadAhead {
         ReadAhead {
             on: true,
