@@ -8,8 +8,8 @@
 //!
 //! Scenarios: `relay.mode = "claim"` and leader mode with the `redis` lease on PostgreSQL and
 //! on MariaDB, and leader mode on SQLite (a file of the run's own, shared by the three
-//! processes; no database restarts). Faults: kill -9 of a random instance about every 10 s and its
-//! restart; SIGSTOP of the lease holder (claim mode: a random instance) past its ttl /
+//! processes; no database restarts). Faults: kill -9 of a random instance about every 10 s
+//! and its restart; SIGSTOP of the lease holder (claim mode: a random instance) past its ttl /
 //! claim_ttl, then SIGCONT; SIGTERM and restart (a graceful stop, which must cause no
 //! duplicate); Redis killed and restarted (leader scenario); the database stopped (cleanly, or
 //! crashed: `pg_ctl -m immediate`, SIGKILL of `mariadbd`) and restarted; receiver storms (503s,

@@ -192,19 +192,12 @@ async fn the_failed_page_walks_its_index() {
     let Some(td) = TestDb::open(Db::Sqlite, "console_plan").await else {
         return;
     };
-    use sqlx::Row;
     let sql = format!(
-        "EXPLAIN QUERY PLAN SELECT id FROM {t} INDEXED BY {t}_failed_idx WHERE status = 'FAILED' \
+        "SELECT id FROM {t} INDEXED BY {t}_failed_idx WHERE status = 'FAILED' \
          AND channel = 'x' AND id < 100 ORDER BY id DESC LIMIT 51",
         t = td.table
     );
-    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .fetch_all(td.store.pool())
-        .await
-        .expect("plan")
-        .iter()
-        .map(|r| r.try_get::<String, _>(3).expect("detail"))
-        .collect();
+    let plan = crate::support::plans::sqlite_plan(&td.store, &sql).await;
     let text = plan.join("\n");
     assert!(text.contains(&format!("{}_failed_idx", td.table)), "{text}");
     assert!(

@@ -8,6 +8,7 @@
 //! are checked instead.
 
 use super::*;
+use crate::support::plans::sqlite_plan;
 
 /// Keys the backlog is spread over, one row of each in turn.
 const KEYS: usize = 20;
@@ -106,17 +107,6 @@ async fn deliver(store: &SqlStore, req: &ClaimRequest, got: &[ClaimedRow]) {
 /// row with every row of its key: 17 s over 100,000 rows of 20 keys, a core kept busy by a
 /// gauge (21 ms grouped; MariaDB 190 against 20 ms). The bound is a hang guard, 200 times the
 /// grouped figure.
-/// SQLite's plan of `q` (`EXPLAIN QUERY PLAN`'s details).
-async fn sqlite_plan(store: &SqlStore, q: &str) -> Vec<String> {
-    sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {q}")))
-        .fetch_all(store.pool())
-        .await
-        .expect("query plan")
-        .iter()
-        .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
-        .collect()
-}
-
 async fn blocked_keys_gauge_is_quick(store: &SqlStore) {
     let sample = tokio::time::timeout(Duration::from_secs(5), store.sample(false)).await;
     let sample = sample.expect("the sample took over 5 s").expect("sample");

@@ -1,6 +1,7 @@
 //! An idle relay's read over rows that wait for a later time (docs/design.md, "Idle cost").
 
 use super::*;
+use crate::support::plans::sqlite_plan;
 
 /// As an idle relay polls (`Queue::probe`): the statements it took and whether it found
 /// anything claimable.
@@ -38,17 +39,12 @@ async fn sqlite_idle_reads_seek_an_index_of_due_times() {
             t = td.table
         )
     };
-    let plan: Vec<String> = sqlx::query(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN QUERY PLAN {} UNION ALL {} LIMIT 1",
+    let both = format!(
+        "{} UNION ALL {} LIMIT 1",
         seek("<= strftime('%Y-%m-%d %H:%M:%f','now')"),
         seek(">= '9999'")
-    )))
-    .fetch_all(td.store.pool())
-    .await
-    .expect("query plan")
-    .iter()
-    .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
-    .collect();
+    );
+    let plan = sqlite_plan(&td.store, &both).await;
     // Both ranges are seeks of the index; nothing of the table is scanned (only each
     // subquery's one row at most).
     let seeks = plan

@@ -11,6 +11,7 @@ pub mod counting;
 pub mod mariadb;
 pub mod nats;
 pub mod otlp;
+pub mod plans;
 pub mod postgres;
 pub mod process;
 pub mod receiver;
