@@ -281,6 +281,13 @@ fn earlier_rows(db: &Db, req: Option<&ClaimRequest>, groups: &[Group], skip: &[i
 /// a group's range reads at most this many ids' entries, whatever the keys.
 const CHECK_SPAN: i64 = 2048;
 
+/// Most rows of its keys past their last chosen rows that a group of [`check_groups`] is
+/// expected to read beyond [`EXTRA_PER_KEY`] a key (an estimate: see [`Density`]).
+const EXTRA_ROWS: f64 = 16.0;
+
+/// Rows past its last chosen row a group may be expected to read for each of its keys.
+const EXTRA_PER_KEY: f64 = 2.0;
+
 /// The chosen keys in groups of keys whose last chosen rows lie within [`CHECK_SPAN`] ids of
 /// each other, and whose tails in `from` (keys without one are grouped apart) do too, each
 /// with one bound above them all and, for keys with tails, one below: the check reads, per
@@ -289,30 +296,42 @@ const CHECK_SPAN: i64 = 2048;
 /// condition, and an `OR` of a term per key costs it a comparison per term and row, where an
 /// `IN` list is one binary search (a check of 200 keys: 2.1 ms against 3.7 on a quiet
 /// server). Rows of a key above its last chosen row, or below its tail, are read too, and
-/// left alone by [`behind_their_key`]: the span bounds them.
+/// left alone by [`behind_their_key`]: the span bounds them, and so does what a key's chosen
+/// rows tell of how densely its rows lie ([`Density`]): a key whose rows follow each other
+/// (a backlog written key by key) would have the rest of its rows up to the bound read, so a
+/// group takes no key that would make it read more than [`EXTRA_PER_KEY`] rows a key (and
+/// [`EXTRA_ROWS`]) past their last chosen rows.
 fn check_groups(
     chosen: &HashMap<String, BTreeSet<i64>>,
     from: &HashMap<String, i64>,
 ) -> Vec<Group> {
-    let mut lasts: Vec<(bool, i64, Option<i64>, &String)> = (chosen.iter())
+    let mut lasts: Vec<(bool, i64, Option<i64>, &String, Density)> = (chosen.iter())
         .filter_map(|(key, ids)| {
             let tail = from.get(key).copied();
-            Some((tail.is_some(), *ids.last()?, tail, key))
+            let density = Density::of(ids, tail);
+            Some((tail.is_some(), *ids.last()?, tail, key, density))
         })
         .collect();
-    lasts.sort_unstable();
+    lasts.sort_unstable_by(|a, b| (a.0, a.1, a.3).cmp(&(b.0, b.1, b.3)));
     let mut groups: Vec<Group> = Vec::new();
-    // The current group's first last row, and its highest tail (its lowest is its `from`).
+    // The current group's first last row, its highest tail (its lowest is its `from`), and
+    // its keys' densities summed, plain and weighted by their last chosen rows.
     let (mut first, mut high) = (i64::MIN, i64::MIN);
-    for (_, last, tail, key) in lasts {
+    let (mut dense, mut weighted) = (0.0, 0.0);
+    for (_, last, tail, key, density) in lasts {
         let fits = |g: &Group| {
             let tails_near = match (tail, g.from) {
                 (Some(t), Some(low)) => t.max(high).saturating_sub(t.min(low)) <= CHECK_SPAN,
                 _ => true,
             };
+            // Rows the group's keys are expected to hold between their last chosen rows and
+            // `last`, the bound this key would raise it to.
+            let extra = last as f64 * dense - weighted;
+            let allowed = EXTRA_ROWS + EXTRA_PER_KEY * (g.keys.len() + 1) as f64;
             g.from.is_some() == tail.is_some()
                 && last.saturating_sub(first) <= CHECK_SPAN
                 && tails_near
+                && extra <= allowed
         };
         match groups.last_mut() {
             Some(g) if fits(g) => {
@@ -323,6 +342,7 @@ fn check_groups(
             _ => {
                 first = last;
                 high = i64::MIN;
+                (dense, weighted) = (0.0, 0.0);
                 groups.push(Group {
                     keys: vec![key.clone()],
                     from: tail,
@@ -333,8 +353,31 @@ fn check_groups(
         if let Some(t) = tail {
             high = high.max(t);
         }
+        dense += density.0;
+        weighted += density.0 * last as f64;
     }
     groups
+}
+
+/// How densely a chosen key's rows lie, as unfinished rows per id: its chosen rows and its
+/// tail, over the ids from the first of them to the last. A key with one chosen row and no
+/// tail tells nothing, and counts as 0 (a key per row, or heads of many keys, would
+/// otherwise each be a group of their own).
+#[derive(Clone, Copy, Debug)]
+struct Density(f64);
+
+impl Density {
+    fn of(ids: &BTreeSet<i64>, tail: Option<i64>) -> Density {
+        let (Some(&first), Some(&last)) = (ids.first(), ids.last()) else {
+            return Density(0.0);
+        };
+        let low = tail.map_or(first, |t| t.min(first));
+        let points = ids.len() + usize::from(tail.is_some());
+        if points < 2 || last <= low {
+            return Density(0.0);
+        }
+        Density(((points - 1) as f64 / (last - low) as f64).min(1.0))
+    }
 }
 
 /// The chosen rows to leave out: walking each key's chosen rows in id order, a row whose
@@ -364,168 +407,4 @@ fn behind_their_key(chosen: &HashMap<String, BTreeSet<i64>>, earlier: &Earlier) 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn chosen(keys: &[(&str, &[i64])]) -> HashMap<String, BTreeSet<i64>> {
-        let set = |ids: &[i64]| ids.iter().copied().collect();
-        keys.iter()
-            .map(|(k, ids)| (k.to_string(), set(ids)))
-            .collect()
-    }
-
-    fn earlier(open: &[(&str, &[i64])], held_tails: &[i64]) -> Earlier {
-        Earlier {
-            open: chosen(open),
-            held_tails: held_tails.iter().copied().collect(),
-        }
-    }
-
-    fn sorted(set: HashSet<i64>) -> Vec<i64> {
-        let mut v: Vec<i64> = set.into_iter().collect();
-        v.sort_unstable();
-        v
-    }
-
-    #[test]
-    fn heads_and_rows_behind_chosen_rows_or_held_tails_are_kept() {
-        let c = chosen(&[("a", &[10, 12]), ("b", &[11]), ("c", &[13])]);
-        // a: 10 is the head, 12 follows it; b: 11 follows the held tail 7; c: no earlier row.
-        let e = earlier(&[("a", &[10]), ("b", &[3, 7])], &[7]);
-        assert!(behind_their_key(&c, &e).is_empty());
-    }
-
-    #[test]
-    fn a_row_behind_a_row_left_out_is_left_out_too() {
-        // 5 committed after 10 and 12 were read: 10 is behind it, and 12 behind 10.
-        let c = chosen(&[("a", &[10, 12, 14]), ("b", &[11])]);
-        let e = earlier(&[("a", &[5, 10, 12])], &[]);
-        assert_eq!(sorted(behind_their_key(&c, &e)), vec![10, 12, 14]);
-    }
-
-    fn keys(g: &Group) -> String {
-        g.keys.join(",")
-    }
-
-    #[test]
-    fn check_groups_bound_keys_whose_last_rows_are_near_each_other() {
-        let c = chosen(&[
-            ("a", &[10, 12]),
-            ("b", &[11]),
-            ("c", &[10 + CHECK_SPAN]),
-            ("d", &[11 + CHECK_SPAN, 20 + CHECK_SPAN]),
-            ("e", &[5_000_000]),
-        ]);
-        let groups = check_groups(&c, &HashMap::new());
-        assert_eq!(groups.len(), 3, "{groups:?}");
-        // Sorted by last chosen row: b (11), a (12), c; d's last row is past the span.
-        assert_eq!(
-            (keys(&groups[0]), groups[0].below),
-            ("b,a,c".into(), 10 + CHECK_SPAN)
-        );
-        assert_eq!(
-            (keys(&groups[1]), groups[1].below),
-            ("d".into(), 20 + CHECK_SPAN)
-        );
-        assert_eq!((keys(&groups[2]), groups[2].below), ("e".into(), 5_000_000));
-        assert!(groups.iter().all(|g| g.from.is_none()));
-        // Every key's rows below its last chosen row are inside its group's bound.
-        for (key, ids) in &c {
-            let g = groups.iter().find(|g| g.keys.contains(key)).unwrap();
-            assert!(*ids.last().unwrap() <= g.below);
-        }
-    }
-
-    #[test]
-    fn keys_with_tails_are_read_from_their_groups_lowest_tail() {
-        let c = chosen(&[
-            ("a", &[5_000, 5_002]),
-            ("b", &[5_001]),
-            ("c", &[5_003]),
-            ("d", &[5_004]),
-            ("h", &[5_005]),
-        ]);
-        // a, b and c follow tails near each other; d's tail lies past the span from theirs;
-        // h is a head (no tail), read from its key's first row.
-        let from: HashMap<String, i64> = [
-            ("a", 4_000),
-            ("b", 4_100),
-            ("c", 3_900),
-            ("d", 4_000 - 2 * CHECK_SPAN),
-        ]
-        .map(|(k, t)| (k.to_string(), t))
-        .into();
-        let groups = check_groups(&c, &from);
-        let by_key = |k: &str| {
-            groups
-                .iter()
-                .find(|g| g.keys.iter().any(|x| x == k))
-                .unwrap()
-        };
-        assert_eq!(by_key("h").keys, vec!["h".to_string()]);
-        assert_eq!(by_key("h").from, None);
-        assert_eq!(keys(by_key("a")), "b,a,c");
-        assert_eq!(by_key("a").from, Some(3_900));
-        assert_eq!(by_key("a").below, 5_003);
-        assert_eq!(by_key("d").keys, vec!["d".to_string()]);
-        assert_eq!(by_key("d").from, Some(4_000 - 2 * CHECK_SPAN));
-        // Every key's tail and last chosen row are inside its group's range.
-        for (key, ids) in &c {
-            let g = by_key(key);
-            assert!(*ids.last().unwrap() <= g.below);
-            assert!(
-                from.get(key)
-                    .is_none_or(|t| g.from.is_some_and(|f| f <= *t))
-            );
-        }
-    }
-
-    #[test]
-    fn tails_below_take_only_a_chosen_keys_tail_before_its_first_chosen_row() {
-        let tail = |key: &str, row: i64| crate::store::model::Tail {
-            key: key.into(),
-            row,
-            channel: "hook".into(),
-        };
-        let req = ClaimRequest {
-            tails: vec![tail("a", 7), tail("b", 20), tail("x", 3)],
-            trace: false,
-            limit: 10,
-            ttl: std::time::Duration::from_secs(60),
-            claimer: "c".into(),
-            token: "t".into(),
-            fence: None,
-            alone: true,
-            exclude_channels: Vec::new(),
-            max_payload_bytes: None,
-            newest: false,
-            budgets: None,
-        };
-        let c = chosen(&[("a", &[10, 12]), ("b", &[11])]);
-        // b's offered tail lies after its chosen row (not a tail it follows); x chose nothing.
-        assert_eq!(tails_below(&req, &c), HashMap::from([("a".to_string(), 7)]));
-    }
-
-    #[test]
-    fn a_key_read_from_its_tail_is_settled_only_by_a_row_before_its_first_chosen_row() {
-        let ids: BTreeSet<i64> = [10, 12].into();
-        // The tail 7 was read: the nearest earlier row of 10 is known.
-        assert!(earlier(&[("a", &[7, 10, 12])], &[]).settles("a", &ids));
-        // Only the chosen rows were read (the tail finished meanwhile): an earlier row may
-        // lie below the range, so the key is read again from its first row.
-        assert!(!earlier(&[("a", &[10, 12])], &[]).settles("a", &ids));
-        assert!(!earlier(&[], &[]).settles("a", &ids));
-    }
-
-    #[test]
-    fn a_tail_not_held_blocks_its_key() {
-        // 7 is a tail no longer held (its claim ran out): 11 waits, and so does 15.
-        let c = chosen(&[("b", &[11, 15])]);
-        let e = earlier(&[("b", &[7, 11])], &[]);
-        assert_eq!(sorted(behind_their_key(&c, &e)), vec![11, 15]);
-        // An unfinished row between two chosen rows that the claim does not hold.
-        let c = chosen(&[("b", &[11, 15])]);
-        let e = earlier(&[("b", &[11, 13])], &[]);
-        assert_eq!(sorted(behind_their_key(&c, &e)), vec![15]);
-    }
-}
+mod tests;
