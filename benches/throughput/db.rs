@@ -18,6 +18,9 @@ pub(crate) struct Rows {
     /// Payloads padded to this many bytes (0, or less than [`payload`]'s: as it is, about 75).
     /// Push messages and template parameters are a few hundred bytes to a few KiB.
     pub(crate) payload_bytes: usize,
+    /// With `keys` (not `mixed`): each key's rows one after another (`n / keys` a key), as
+    /// an application writes a key's events in one go, instead of round-robin.
+    pub(crate) key_by_key: bool,
 }
 
 /// [`payload`] padded with a `note` of filler text to `bytes` (when longer).
@@ -104,13 +107,16 @@ pub(crate) async fn fill_at_once(store: &SqlStore, table: &str, n: usize) -> any
 }
 
 /// The INSERT statements for `n` rows of channel `hook`, [`INSERT_CHUNK`] rows each; with
-/// `rows.keys` above zero, row `k` has ordering key `k{k % keys}` (mixed: see [`Rows::mixed`]).
+/// `rows.keys` above zero, row `k` has ordering key `k{k % keys}` (mixed: see [`Rows::mixed`];
+/// key by key: [`Rows::key_by_key`]).
 fn inserts(table: &str, n: usize, rows: Rows) -> Vec<String> {
     let Rows {
         keys,
         mixed,
         payload_bytes,
+        key_by_key,
     } = rows;
+    let per_key = n.div_ceil(keys.max(1));
     (0..n)
         .step_by(INSERT_CHUNK)
         .map(|i| {
@@ -120,6 +126,7 @@ fn inserts(table: &str, n: usize, rows: Rows) -> Vec<String> {
                         (0, _) => "NULL".to_string(),
                         (_, true) if k % 2 == 1 => "NULL".to_string(),
                         (_, true) => format!("'k{}'", (k / 2) % keys),
+                        (_, false) if key_by_key => format!("'k{}'", k / per_key),
                         (_, false) => format!("'k{}'", k % keys),
                     };
                     format!("('hook', '{}', {key})", payload_of(k, payload_bytes))

@@ -1,8 +1,9 @@
-//! The leader section's keyed variations (issue 36, a key per row and one hot key): backlogs of
-//! ordering keys drained with the defaults, each compared with unkeyed drains of as many rows,
-//! one right before each of its own (and, printed beside, with the unkeyed main run). Rows take
-//! their keys round-robin, so consecutive rows belong to different keys, and once the head of
-//! every key is in flight each row left waits behind one (docs/performance.md, "Open").
+//! The leader section's keyed variations (issue 36, a key per row, one hot key, and 200 keys
+//! written key by key): backlogs of ordering keys drained with the defaults, each compared with
+//! unkeyed drains of as many rows, one right before each of its own (and, printed beside, with
+//! the unkeyed main run). Rows take their keys round-robin, so consecutive rows belong to
+//! different keys, and once the head of every key is in flight each row left waits behind one
+//! (docs/performance.md, "Open"); the key-by-key case writes each key's rows one after another.
 //!
 //! Why a drain of its own: the main run is minutes earlier, and this shared machine's speed
 //! moves by a fifth within minutes; the same build's ratio against the main run moved from
@@ -18,6 +19,8 @@ pub(crate) struct KeyedCase {
     /// As many unkeyed rows again, one between each two keyed rows; the figure is then the
     /// unkeyed rows' rate, from the start until the last of them is sent.
     pub(crate) mixed: bool,
+    /// Each key's rows one after another instead of round-robin ([`Rows::key_by_key`]).
+    pub(crate) key_by_key: bool,
     /// The least ratio to an unkeyed drain's rows/s that meets the target.
     pub(crate) target: f64,
 }
@@ -30,18 +33,21 @@ pub(crate) const KEYED_CASES: [KeyedCase; 3] = [
         keys: 200,
         rows_per_key: 100,
         mixed: false,
+        key_by_key: false,
         target: 0.8,
     },
     KeyedCase {
         keys: 20,
         rows_per_key: 1000,
         mixed: false,
+        key_by_key: false,
         target: 0.3,
     },
     KeyedCase {
         keys: 20,
         rows_per_key: 1000,
         mixed: true,
+        key_by_key: false,
         target: 0.9,
     },
 ];
@@ -52,6 +58,19 @@ pub(crate) const KEY_PER_ROW: KeyedCase = KeyedCase {
     keys: 20_000,
     rows_per_key: 1,
     mixed: false,
+    key_by_key: false,
+    target: 0.8,
+};
+
+/// 200 keys of 100 rows written key by key (each key's events in one go), where the issue's
+/// case writes them round-robin: windows then pass a key's whole backlog at a time, and a
+/// key's rows lie on pages of their own. No target column of its own; printed and
+/// summarised against the same target as its round-robin twin.
+pub(crate) const KEY_BY_KEY: KeyedCase = KeyedCase {
+    keys: 200,
+    rows_per_key: 100,
+    mixed: false,
+    key_by_key: true,
     target: 0.8,
 };
 
@@ -62,6 +81,7 @@ pub(crate) const ONE_KEY: KeyedCase = KeyedCase {
     keys: 1,
     rows_per_key: 5_000,
     mixed: false,
+    key_by_key: false,
     target: 0.0,
 };
 
@@ -74,13 +94,15 @@ impl KeyedCase {
         }
     }
 
-    /// `200 keys x 100 rows`, `unkeyed among 20 keys x 1000 rows`.
+    /// `200 keys x 100 rows`, `unkeyed among 20 keys x 1000 rows`, `200 keys x 100 rows, key
+    /// by key`.
     pub(crate) fn label(&self) -> String {
         let noun = if self.keys == 1 { "key" } else { "keys" };
         let keyed = format!("{} {noun} x {} rows", self.keys, self.rows_per_key);
-        match self.mixed {
-            true => format!("unkeyed among {keyed}"),
-            false => keyed,
+        match (self.mixed, self.key_by_key) {
+            (true, _) => format!("unkeyed among {keyed}"),
+            (false, true) => format!("{keyed}, key by key"),
+            (false, false) => keyed,
         }
     }
 
@@ -135,7 +157,10 @@ const PAIRS: usize = 2;
 pub(crate) async fn keyed_variations(s: &mut Section, url: &str, receiver: &Receiver) {
     let db = s.db;
     let (batch, in_flight) = relay_defaults();
-    for case in KEYED_CASES.into_iter().chain([KEY_PER_ROW, ONE_KEY]) {
+    for case in KEYED_CASES
+        .into_iter()
+        .chain([KEY_BY_KEY, KEY_PER_ROW, ONE_KEY])
+    {
         let pairs = if KEYED_CASES.contains(&case) {
             PAIRS
         } else {
@@ -222,6 +247,7 @@ async fn keyed_run(
         rows: Rows {
             keys: case.keys,
             mixed: case.mixed,
+            key_by_key: case.key_by_key,
             ..Rows::default()
         },
         ..RunConfig::new(batch, in_flight)

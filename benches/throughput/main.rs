@@ -26,7 +26,8 @@
 //! The keyed variations (`keyed.rs`) drain backlogs of ordering keys with the defaults: 200
 //! keys of 100 rows, 20 keys of 1,000 rows, and as many unkeyed rows mixed into the latter
 //! (the unkeyed rows' rate), each as a ratio to unkeyed drains of as many rows made beside it
-//! (two pairs; and to the main run) beside its target; 20,000 rows of a key each; one key.
+//! (two pairs; and to the main run) beside its target; 200 keys of 100 rows written key by
+//! key (each key's rows one after another); 20,000 rows of a key each; one key.
 //! PostgreSQL diagnostics pass settings to the
 //! relay's sessions through the URL's `options` (never recommended settings, only to show what
 //! a cost is): `custom_plans` (`plan_cache_mode=force_custom_plan`: every execution planned
