@@ -315,7 +315,8 @@ fn check_groups(
     lasts.sort_unstable_by(|a, b| (a.0, a.1, a.3).cmp(&(b.0, b.1, b.3)));
     let mut groups: Vec<Group> = Vec::new();
     // The current group's first last row, its highest tail (its lowest is its `from`), and
-    // its keys' densities summed, plain and weighted by their last chosen rows.
+    // its keys' densities summed, plain and weighted by how far past `first` their last
+    // chosen rows lie (offsets within the span, so no precision is lost on large ids).
     let (mut first, mut high) = (i64::MIN, i64::MIN);
     let (mut dense, mut weighted) = (0.0, 0.0);
     for (_, last, tail, key, density) in lasts {
@@ -326,7 +327,7 @@ fn check_groups(
             };
             // Rows the group's keys are expected to hold between their last chosen rows and
             // `last`, the bound this key would raise it to.
-            let extra = last as f64 * dense - weighted;
+            let extra = last.saturating_sub(first) as f64 * dense - weighted;
             let allowed = EXTRA_ROWS + EXTRA_PER_KEY * (g.keys.len() + 1) as f64;
             g.from.is_some() == tail.is_some()
                 && last.saturating_sub(first) <= CHECK_SPAN
@@ -354,7 +355,7 @@ fn check_groups(
             high = high.max(t);
         }
         dense += density.0;
-        weighted += density.0 * last as f64;
+        weighted += density.0 * last.saturating_sub(first) as f64;
     }
     groups
 }

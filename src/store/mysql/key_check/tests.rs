@@ -73,29 +73,45 @@ fn check_groups_bound_keys_whose_last_rows_are_near_each_other() {
 
 #[test]
 fn keys_whose_rows_follow_each_other_are_not_read_past_their_last_chosen_rows() {
-    // A backlog written key by key: each key's rows are consecutive ids, 100 a key, and
-    // each key's chosen rows follow its tail. One bound would read the rest of every key
-    // below the highest last chosen row (about 100 rows a key): each is a group.
-    let block: Vec<(String, Vec<i64>)> = (0..20)
-        .map(|k| (format!("k{k:02}"), (k * 100 + 40..k * 100 + 44).collect()))
-        .collect();
-    let c: HashMap<String, BTreeSet<i64>> = (block.iter())
-        .map(|(k, ids)| (k.clone(), ids.iter().copied().collect()))
-        .collect();
-    let from: HashMap<String, i64> = (block.iter())
-        .map(|(k, ids)| (k.clone(), ids[0] - 1))
-        .collect();
-    let groups = check_groups(&c, &from);
-    assert_eq!(groups.len(), 20, "{groups:?}");
-    // Interleaved, 200 keys one after another: each key's rows lie 200 ids apart, and
-    // one bound reads about one row a key past its last chosen row: one group.
-    let c: HashMap<String, BTreeSet<i64>> = (0..200)
-        .map(|k| (format!("k{k:03}"), [10_000 + k, 10_200 + k].into()))
-        .collect();
-    let from: HashMap<String, i64> = (0..200).map(|k| (format!("k{k:03}"), 9_800 + k)).collect();
-    let groups = check_groups(&c, &from);
-    assert_eq!(groups.len(), 1, "{groups:?}");
-    assert_eq!((groups[0].from, groups[0].below), (Some(9_800), 10_399));
+    // The same at ids near the top of the range: the estimate works on offsets, not ids.
+    for base in [0, 4_000_000_000_000_000_000] {
+        // A backlog written key by key: each key's rows are consecutive ids, 100 a key, and
+        // each key's chosen rows follow its tail. One bound would read the rest of every
+        // key below the highest last chosen row (about 100 rows a key): each is a group.
+        let block: Vec<(String, Vec<i64>)> = (0..20)
+            .map(|k| {
+                (
+                    format!("k{k:02}"),
+                    (base + k * 100 + 40..base + k * 100 + 44).collect(),
+                )
+            })
+            .collect();
+        let c: HashMap<String, BTreeSet<i64>> = (block.iter())
+            .map(|(k, ids)| (k.clone(), ids.iter().copied().collect()))
+            .collect();
+        let from: HashMap<String, i64> = (block.iter())
+            .map(|(k, ids)| (k.clone(), ids[0] - 1))
+            .collect();
+        let groups = check_groups(&c, &from);
+        assert_eq!(groups.len(), 20, "{groups:?}");
+        // Interleaved, 200 keys one after another: each key's rows lie 200 ids apart, and
+        // one bound reads about one row a key past its last chosen row: one group.
+        let c: HashMap<String, BTreeSet<i64>> = (0..200)
+            .map(|k| {
+                (
+                    format!("k{k:03}"),
+                    [base + 10_000 + k, base + 10_200 + k].into(),
+                )
+            })
+            .collect();
+        let from: HashMap<String, i64> = (0..200)
+            .map(|k| (format!("k{k:03}"), base + 9_800 + k))
+            .collect();
+        let groups = check_groups(&c, &from);
+        assert_eq!(groups.len(), 1, "{groups:?}");
+        let bounds = (groups[0].from, groups[0].below);
+        assert_eq!(bounds, (Some(base + 9_800), base + 10_399));
+    }
 }
 
 #[test]
