@@ -150,9 +150,22 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         .iter()
         .filter_map(|(part, rows)| match part {
             Part::Key { key, after, .. } => Some((key, *after, rows.as_slice(), &[][..], true)),
+            // The rows known behind those read count only if every row asked was read: one
+            // missing (taken, finished or held meanwhile) may still be unfinished, and the
+            // rows behind it are then no longer right behind what the claim took.
             Part::Known {
-                key, after, more, ..
-            } => Some((key, Some(*after), rows.as_slice(), more.as_slice(), false)),
+                key,
+                after,
+                ids,
+                more,
+            } => {
+                let more = if rows.len() == ids.len() {
+                    more.as_slice()
+                } else {
+                    &[][..]
+                };
+                Some((key, Some(*after), rows.as_slice(), more, false))
+            }
             _ => None,
         })
         .collect();

@@ -211,6 +211,33 @@ fn rows_read_and_not_taken_are_ahead_of_the_rows_taken() {
     assert_eq!(c.ahead[0].rows, [13]);
 }
 
+/// Rows read ahead behind rows a claim asked for by id and did not get back (another claim
+/// took one, or it is no longer free): what was known behind them is not right behind the
+/// rows taken any more, and is not kept. Kept, the next claim read them by id behind the
+/// key's tail, the database refused them (the missing row is unfinished), and the key was
+/// read from its tail only a claim later.
+#[test]
+fn rows_known_behind_a_read_that_came_back_short_are_not_kept() {
+    let known = Part::Known {
+        key: KeyRef {
+            key: "k".into(),
+            row: 10,
+        },
+        after: 10,
+        ids: vec![11, 12, 13],
+        more: vec![14, 15],
+    };
+    // 11 and 12 came back, 13 did not: 12 is ahead, 14 and 15 are not.
+    let rows: Vec<Candidate> = (11..=12).map(|i| row(i, Some("k"), true, true)).collect();
+    let c = choose(&[(known.clone(), rows)], &budget(1, 0), 8);
+    assert_eq!(c.ids, [11]);
+    assert_eq!(c.ahead[0].rows, [12]);
+    // Nothing came back: nothing is ahead.
+    let c = choose(&[(known, Vec::new())], &budget(1, 0), 8);
+    assert!(c.ids.is_empty());
+    assert!(c.ahead.is_empty(), "{:?}", c.ahead);
+}
+
 /// A window's head known to be its key's only unfinished row marks its key empty behind
 /// it (and only if taken).
 #[test]
