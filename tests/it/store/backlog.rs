@@ -11,7 +11,8 @@
 use super::*;
 use crate::support::plans::sqlite_plan;
 
-/// Keys the backlog is spread over, one row of each in turn.
+/// Keys the backlog is spread over: one row of each in turn, or each key's rows one after
+/// another ([`Order`]).
 const KEYS: usize = 20;
 
 /// What the server counts as read by `store`'s only session so far.
