@@ -120,11 +120,32 @@ pub const MAX_AHEAD_ROUNDS: u32 = 4;
 /// queued rows then wait at most about one send), at most [`MAX_AHEAD_ROUNDS`] (a fast
 /// sink's queue is bounded; relay slots bound it too).
 pub fn ahead_rounds(claim_time: Option<Duration>, send_time: Option<Duration>) -> u32 {
-    let (Some(claim), Some(send)) = (claim_time, send_time) else {
-        return 1;
-    };
+    sends_in_two_claims(claim_time, send_time).map_or(1, |n| n.clamp(1, MAX_AHEAD_ROUNDS))
+}
+
+/// How many sends of `send_time` one after another fit in two claims of `claim_time`
+/// (`None` until both were timed).
+fn sends_in_two_claims(claim_time: Option<Duration>, send_time: Option<Duration>) -> Option<u32> {
+    let (claim, send) = (claim_time?, send_time?);
     let needed = (2 * claim.as_micros()).div_ceil(send.as_micros().max(1));
-    needed.clamp(1, MAX_AHEAD_ROUNDS as u128) as u32
+    Some(u32::try_from(needed).unwrap_or(u32::MAX))
+}
+
+/// The longest run of a key one claim takes behind its tail ([`key_run`]): the store's
+/// bound, four of a [`RUN`](super::chains::RUN); its chain up to twice that deep.
+pub const LONGEST_KEY_RUN: usize = crate::store::LONGEST_RUN as usize;
+
+/// How many rows of an ordering key a claim takes behind its rows in flight, and below how
+/// many unsent rows its chain wakes the claim loop for more (docs/design.md, "Ordering keys:
+/// a key's pace"): what its sink sends one at a time while two claims run, as
+/// [`ahead_rounds`] reckons for a whole sink, so that the key keeps sending while its next run
+/// is claimed. At least a run of 16 (a sink or claims not yet timed, a slow receiver: its
+/// rows then wait at most about 32 sends), at most [`LONGEST_KEY_RUN`], so that a key is
+/// never claimed far ahead of its receiver.
+pub fn key_run(claim_time: Option<Duration>, send_time: Option<Duration>) -> usize {
+    let run = super::chains::RUN;
+    sends_in_two_claims(claim_time, send_time)
+        .map_or(run, |n| (n as usize).clamp(run, LONGEST_KEY_RUN))
 }
 
 #[cfg(test)]
@@ -287,5 +308,22 @@ mod tests {
         }
         let n = budgets(&sinks, 100, H, false, None).total();
         assert!(n <= 1, "the bucket is spent, got {n}");
+    }
+
+    #[test]
+    fn a_keys_run_covers_two_claims_of_its_sends_within_bounds() {
+        // (claim time, send time, both in µs; the run; why)
+        let cases = [
+            (None, Some(100), 16, "claims not yet timed"),
+            (Some(5000), None, 16, "the sink not yet timed"),
+            (Some(1000), Some(100), 20, "two claims: 20 sends"),
+            (Some(500), Some(100), 16, "never less than 16"),
+            (Some(5000), Some(100), 64, "never more than 64"),
+            (Some(5000), Some(300_000), 16, "a slow receiver"),
+        ];
+        for (claim, send, run, why) in cases {
+            let us = |t: Option<u64>| t.map(Duration::from_micros);
+            assert_eq!(key_run(us(claim), us(send)), run, "{why}");
+        }
     }
 }

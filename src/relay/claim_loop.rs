@@ -20,7 +20,7 @@ use super::{
 use crate::BoxFuture;
 use crate::config::Mode;
 use crate::lease::{LeaseState, drift};
-use crate::sink::MovingAverage;
+use crate::sink::{MovingAverage, SinkRegistry};
 use crate::store::{Budgets, ClaimRequest, ClaimedRow, Fence, Probe};
 
 /// What a step of a round gives the next, or `None`: the round is over (the step waited, or
@@ -259,7 +259,9 @@ impl ClaimLoop {
             max_payload_bytes: Some(self.relay.sinks.max_payload_bytes() as u64),
             newest,
             budgets: Some(budgets.clone()),
-            tails: self.chains.tails(),
+            tails: self
+                .chains
+                .tails(key_runs(&self.relay.sinks, &self.claim_time)),
         }
     }
 
@@ -431,9 +433,10 @@ impl ClaimLoop {
         let last = run.last()?;
         let key = last.row.ordering_key.clone()?;
         let channel = &last.row.delivery.channel;
+        let key_run = key_runs(&self.relay.sinks, &self.claim_time)(channel);
         Some(
             self.chains
-                .join(key, channel, last.row.delivery.id, run.len()),
+                .join(key, channel, last.row.delivery.id, run.len(), key_run),
         )
     }
 
@@ -542,5 +545,18 @@ impl ClaimLoop {
         drop(dispatcher);
         recorder.close(record).await;
         tracing::info!("relay stopped");
+    }
+}
+
+/// How many rows of a key of a channel a claim takes behind its rows in flight, by how long
+/// claims take and how long the channel's sink takes a row (docs/design.md, "Ordering keys: a
+/// key's pace").
+fn key_runs<'a>(
+    sinks: &'a SinkRegistry,
+    claim_time: &'a MovingAverage,
+) -> impl Fn(&str) -> usize + 'a {
+    move |channel| {
+        let send = sinks.get(channel).and_then(|s| s.send_time.get());
+        budget::key_run(claim_time.get(), send)
     }
 }

@@ -74,6 +74,7 @@ pub fn ids_condition(dialect: Dialect, e: &str, ids: &[i64]) -> Option<String> {
 }
 
 /// The claim rule over rows in memory: the model the tests share (see its module doc).
+pub use claim::LONGEST_RUN;
 pub use claim::rule;
 
 /// Opens the store for `url` with `table`, without migrating.

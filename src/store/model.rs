@@ -76,6 +76,10 @@ pub struct Tail {
     /// That row's channel: the rows behind it count against this channel's budget, so the
     /// channel's oldest window reads that many rows fewer.
     pub channel: String,
+    /// The most rows of the key one claim may take behind it (at least the store's run, 16):
+    /// more for a key whose receiver takes its rows quickly, so that it keeps sending while
+    /// a claim takes its next rows (docs/design.md, "Ordering keys: a key's pace").
+    pub run: u32,
 }
 
 impl ClaimRequest {

@@ -211,7 +211,8 @@ fn rest_of_chain(model: &Model, held: &[(i64, Arc<str>)], id: i64) -> Vec<(i64, 
         .collect()
 }
 
-/// The tails a claimer offers: per key, the last row of it that it holds.
+/// The tails a claimer offers: per key, the last row of it that it holds, asking for runs
+/// of 16, 32 or 64 rows behind it (by the row's id), as keys of different paces ask.
 fn tails(model: &Model, held: &[(i64, Arc<str>)]) -> Vec<Tail> {
     let mut last: BTreeMap<String, i64> = BTreeMap::new();
     for (id, _) in held {
@@ -224,6 +225,7 @@ fn tails(model: &Model, held: &[(i64, Arc<str>)]) -> Vec<Tail> {
             channel: (model.table.rows.get(&row)).map_or(String::new(), |r| r.channel.clone()),
             key,
             row,
+            run: 16 << (row % 3),
         })
         .collect()
 }

@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use super::RUN;
 use super::choose::{Candidate, Choice};
 use super::plan::{KeyRef, Part};
+use super::{LONGEST_RUN, RUN};
 use crate::store::model::{ClaimRequest, ClaimedRow, Tail};
 
 /// How many keys one claim reads (each is one bounded part of its read).
@@ -208,7 +208,6 @@ pub fn key_parts(
         .collect();
     let total = req.budgets.as_ref().map_or(req.limit, |b| b.total());
     let share = (total / u32::try_from(tails.len()).unwrap_or(u32::MAX).max(1)).saturating_mul(2);
-    let share = share.clamp(2, RUN);
     let mut parts: Vec<Part> = tails
         .iter()
         .map(|t| {
@@ -216,6 +215,8 @@ pub fn key_parts(
                 key: t.key.clone(),
                 row: t.row,
             };
+            let run = tail_run(t);
+            let share = share.clamp(2, run);
             let (after, rows) = (Some(t.row), share);
             if !ahead.on {
                 return Part::Key { key, after, rows };
@@ -235,7 +236,7 @@ pub fn key_parts(
                 _ => Part::Key {
                     key,
                     after,
-                    rows: RUN,
+                    rows: run,
                 },
             }
         })
@@ -254,6 +255,19 @@ pub fn key_parts(
             }),
     );
     parts
+}
+
+/// The most rows a claim takes of a key behind `tail`: what the relay asks for by the key's
+/// pace, at least a [`RUN`] and at most [`LONGEST_RUN`] (docs/design.md, "Ordering keys: a
+/// key's pace").
+pub fn tail_run(tail: &Tail) -> u32 {
+    tail.run.clamp(RUN, LONGEST_RUN)
+}
+
+/// The most rows a claim of `req` takes of any key: a [`RUN`], or more behind a tail whose
+/// key goes quicker ([`tail_run`]). Each key's own part reads no more than its own.
+pub fn longest_run(req: &ClaimRequest) -> u32 {
+    req.tails.iter().map(tail_run).fold(RUN, u32::max)
 }
 
 /// The freed keys a claim may read, oldest first (by the row that freed them), at most
@@ -299,6 +313,7 @@ mod tests {
                 key: "k".into(),
                 row: tail,
                 channel: "hook".into(),
+                run: 16,
             }],
             ..fixtures::request()
         }

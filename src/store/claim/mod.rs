@@ -65,6 +65,11 @@ use crate::store::sql::Sql;
 /// per claim and result write.
 pub const RUN: u32 = 16;
 
+/// The most rows of a key a claim takes behind a tail that asks for more than a [`RUN`]
+/// (`Tail::run`, a key whose receiver goes quicker than claims): every read stays bounded
+/// (docs/design.md, "Bounded reads").
+pub const LONGEST_RUN: u32 = 64;
+
 /// How many reads one claim makes at most: the first, and the next windows of channels whose
 /// windows held no room-filling rows (see [`read_on`]).
 const READS: usize = 4;
@@ -258,9 +263,10 @@ impl Claims {
         let planned = self.cursors.plan(req);
         let _writing = db.writing().await;
         let mut left = budgets(req);
+        let run = keys::longest_run(req);
         let mut found = match self.windows.instead_of(&planned, req, &left) {
             Some(kept) => kept,
-            None => self.read_all(db, &planned, &left, req.alone).await?,
+            None => self.read_all(db, &planned, &left, req.alone, run).await?,
         };
         self.cursors.saw(&found);
         let mut claimed: Vec<ClaimedRow> = Vec::new();
@@ -268,7 +274,7 @@ impl Claims {
         let mut chose_any = false;
         let mut whole_at_once = false;
         for round in 0..ROUNDS {
-            choice = choose(&found, &left, RUN);
+            choice = choose(&found, &left, run);
             if choice.ids.is_empty() {
                 break;
             }
@@ -302,13 +308,14 @@ impl Claims {
     }
 
     /// The first read of `parts`, and the reads on past windows that held no room-filling
-    /// rows (see [`read_on`]), at most [`READS`] in all.
+    /// rows (see [`read_on`]), at most [`READS`] in all; `run` rows of a key at most.
     async fn read_all(
         &self,
         db: &Db,
         planned: &Planned,
         budgets: &[plan::Budget],
         alone: bool,
+        run: u32,
     ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
         // A leader's rows read ahead are taken as read, not read again by id.
         let mut as_read = alone
@@ -326,7 +333,7 @@ impl Claims {
                     *read = rows;
                 }
             }
-            parts = read_on(&choose(&found, budgets, RUN));
+            parts = read_on(&choose(&found, budgets, run));
             if parts.is_empty() {
                 break;
             }

@@ -207,6 +207,7 @@ async fn sqlite_claims_walk_no_backlog() {
         key: "k0".into(),
         row: 1,
         channel: "hook".into(),
+        run: 16,
     }];
     let [claim, unserved] = (store.sqlite_plans(&req, &[21, 22, 41], "zzz").await)
         .expect("plans")

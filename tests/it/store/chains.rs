@@ -19,6 +19,7 @@ async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
         key: "k".into(),
         row,
         channel: "hook".into(),
+        run: 16,
     };
     let with_tails = |n: u32, claimer: &str, row: i64| ClaimRequest {
         tails: vec![tail(row)],
@@ -69,6 +70,46 @@ async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
     td.drop_table().await;
 }
 
+per_db!(a_claim_takes_as_long_a_run_behind_a_tail_as_the_tail_asks);
+/// A key's pace (docs/design.md, "Ordering keys: a key's pace"): the relay asks for longer
+/// runs behind the tails of keys whose receiver takes their rows quickly. A claim takes at
+/// most the run its tail asks for behind it (16 rows, then 64, then 16 again), never less
+/// than a run of 16 (a tail asking for fewer), and never more than 64 (`LONGEST_RUN`, a tail
+/// asking for more).
+async fn a_claim_takes_as_long_a_run_behind_a_tail_as_the_tail_asks(db: Db) {
+    let Some(td) = TestDb::open(db, "st_pace").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let rows = enqueue_keyed(&td, 200, |_| "k".into()).await;
+    let behind = |row: i64, run: u32| ClaimRequest {
+        tails: vec![Tail {
+            key: "k".into(),
+            row,
+            channel: "hook".into(),
+            run,
+        }],
+        ..hook_request(100, "a")
+    };
+    let got = bounded("claim", store.claim(&hook_request(100, "a"))).await;
+    assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
+    let got = bounded("claim", store.claim(&behind(rows[0], 16))).await;
+    assert_eq!(ids(&got), rows[1..17].to_vec(), "a run of 16");
+    let got = bounded("claim", store.claim(&behind(rows[16], 64))).await;
+    assert_eq!(
+        ids(&got),
+        rows[17..81].to_vec(),
+        "the 64 rows the tail asks for"
+    );
+    let got = bounded("claim", store.claim(&behind(rows[80], 16))).await;
+    assert_eq!(ids(&got), rows[81..97].to_vec(), "a run of 16 again");
+    let got = bounded("claim", store.claim(&behind(rows[96], 4))).await;
+    assert_eq!(ids(&got), rows[97..113].to_vec(), "never less than a run");
+    let got = bounded("claim", store.claim(&behind(rows[112], u32::MAX))).await;
+    assert_eq!(ids(&got), rows[113..177].to_vec(), "never more than 64");
+    td.drop_table().await;
+}
+
 per_db!(a_finished_tail_extends_nothing_while_an_earlier_row_of_its_key_is_unfinished);
 /// A tail offered whose result was written while an earlier row of its key is still in
 /// flight: the row behind the tail follows that earlier row, which is no tail offered, so it
@@ -85,6 +126,7 @@ async fn a_finished_tail_extends_nothing_while_an_earlier_row_of_its_key_is_unfi
             key: "k".into(),
             row,
             channel: "hook".into(),
+            run: 16,
         }],
         ..hook_request(n, "a")
     };
@@ -227,6 +269,7 @@ async fn row_appears_between_rows_read_ahead(db: Db, alone: bool) {
             key: "k".into(),
             row,
             channel: "hook".into(),
+            run: 16,
         }],
         ..hook_request(2, "a")
     };

@@ -164,6 +164,7 @@ fn tails_below_take_only_a_chosen_keys_tail_before_its_first_chosen_row() {
         key: key.into(),
         row,
         channel: "hook".into(),
+        run: 16,
     };
     let req = ClaimRequest {
         tails: vec![tail("a", 7), tail("b", 20), tail("x", 3)],
