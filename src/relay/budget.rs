@@ -131,8 +131,12 @@ fn sends_in_two_claims(claim_time: Option<Duration>, send_time: Option<Duration>
     Some(u32::try_from(needed).unwrap_or(u32::MAX))
 }
 
+/// The shortest run of a key one claim takes behind its tail ([`key_run`]): the store's run
+/// of 16, as every key's before runs followed a pace.
+pub const SHORTEST_KEY_RUN: usize = crate::store::RUN as usize;
+
 /// The longest run of a key one claim takes behind its tail ([`key_run`]): the store's
-/// bound, four of a [`RUN`](super::chains::RUN); its chain up to twice that deep.
+/// bound, four of the shortest; its chain up to twice that deep.
 pub const LONGEST_KEY_RUN: usize = crate::store::LONGEST_RUN as usize;
 
 /// How many rows of an ordering key a claim takes behind its rows in flight, and below how
@@ -143,7 +147,7 @@ pub const LONGEST_KEY_RUN: usize = crate::store::LONGEST_RUN as usize;
 /// rows then wait at most about 32 sends), at most [`LONGEST_KEY_RUN`], so that a key is
 /// never claimed far ahead of its receiver.
 pub fn key_run(claim_time: Option<Duration>, send_time: Option<Duration>) -> usize {
-    let run = super::chains::RUN;
+    let run = SHORTEST_KEY_RUN;
     sends_in_two_claims(claim_time, send_time)
         .map_or(run, |n| (n as usize).clamp(run, LONGEST_KEY_RUN))
 }

@@ -19,11 +19,11 @@ use tokio::sync::{Notify, watch};
 
 use crate::store::Tail;
 
-/// A run of a key that is not known to go quicker ([`super::budget::key_run`]): 16 rows, the
-/// store's run. A chain two such runs deep keeps its key sending through a claim or two
+/// A run of a key that is not known to go quicker (`budget::key_run`): 16 rows, the store's
+/// run. A chain two such runs deep keeps its key sending through a claim or two
 /// without claiming far ahead of its receiver (with one, drains of 20 keys of 2,500 rows went
 /// at 0.84x: docs/performance-log.md, "Chains two runs deep").
-pub const RUN: usize = 16;
+pub const RUN: usize = super::budget::SHORTEST_KEY_RUN;
 
 /// A chain's rows handed out and not yet sent (or given back), and below how many of them
 /// it wakes the claim loop (as of when it was last extended).

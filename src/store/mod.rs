@@ -73,9 +73,9 @@ pub fn ids_condition(dialect: Dialect, e: &str, ids: &[i64]) -> Option<String> {
     q.inlined()
 }
 
-/// The claim rule over rows in memory: the model the tests share (see its module doc).
-pub use claim::LONGEST_RUN;
 pub use claim::rule;
+/// The claim rule over rows in memory: the model the tests share (see its module doc).
+pub use claim::{LONGEST_RUN, RUN};
 
 /// Opens the store for `url` with `table`, without migrating.
 pub async fn connect(
