@@ -330,4 +330,23 @@ mod tests {
             assert_eq!(key_run(us(claim), us(send)), run, "{why}");
         }
     }
+
+    #[test]
+    fn a_rate_limited_sinks_keys_keep_runs_of_16() {
+        let mut h = SinkHandle::new("limited", Arc::new(Unused), 100, RetrySettings::default());
+        h.rate = Some(crate::sink::RateLimiter::new(10.0));
+        h.send_time.record(Duration::from_micros(100));
+        let claim = Some(Duration::from_millis(5));
+        assert_eq!(
+            key_run(claim, h.send_time.get()),
+            64,
+            "by its answers alone"
+        );
+        assert_eq!(
+            h.pace(),
+            Some(Duration::from_millis(100)),
+            "a start every 100 ms"
+        );
+        assert_eq!(key_run(claim, h.pace()), 16);
+    }
 }

@@ -549,14 +549,14 @@ impl ClaimLoop {
 }
 
 /// How many rows of a key of a channel a claim takes behind its rows in flight, by how long
-/// claims take and how long the channel's sink takes a row (docs/design.md, "Ordering keys: a
-/// key's pace").
+/// claims take and how long the channel's sink takes a row (`SinkHandle::pace`; docs/design.md,
+/// "Ordering keys: a key's pace").
 fn key_runs<'a>(
     sinks: &'a SinkRegistry,
     claim_time: &'a MovingAverage,
 ) -> impl Fn(&str) -> usize + 'a {
     move |channel| {
-        let send = sinks.get(channel).and_then(|s| s.send_time.get());
+        let send = sinks.get(channel).and_then(|s| s.pace());
         budget::key_run(claim_time.get(), send)
     }
 }

@@ -61,6 +61,16 @@ impl RateLimiter {
         }
     }
 
+    /// The least time between two starts at the steady rate (`None` for a rate so low that
+    /// the interval does not fit a `Duration`, or not above zero).
+    pub fn interval(&self) -> Option<Duration> {
+        if self.rate > 0.0 {
+            Duration::try_from_secs_f64(1.0 / self.rate).ok()
+        } else {
+            None
+        }
+    }
+
     /// How many starts a claim made now can count on within `horizon`: the tokens there will
     /// be by then, less the reservations already queued.
     pub fn starts_within(&self, horizon: Duration) -> usize {

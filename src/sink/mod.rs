@@ -178,6 +178,17 @@ impl SinkHandle {
             series: crate::metric::SinkSeries::new(name),
         }
     }
+
+    /// How long this sink takes rows sent one after another, as an ordering key's rows go:
+    /// its mean send time, or the interval its rate limit leaves between two starts if that
+    /// is longer (`None` before its first send). A rate-limited sink answers quickly but
+    /// starts no sooner than its rate allows, and a key's rows claimed for its quick answers
+    /// would wait past their claims.
+    pub fn pace(&self) -> Option<Duration> {
+        let send = self.send_time.get()?;
+        let interval = self.rate.as_ref().and_then(|r| r.interval());
+        Some(interval.map_or(send, |i| send.max(i)))
+    }
 }
 
 /// All sinks by name.
