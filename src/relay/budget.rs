@@ -132,7 +132,7 @@ fn sends_in_two_claims(claim_time: Option<Duration>, send_time: Option<Duration>
 }
 
 /// The shortest run of a key one claim takes behind its tail ([`key_run`]): the store's run
-/// of 16, as every key's before runs followed a pace.
+/// of 16, every key's run before runs followed their sink's pace.
 pub const SHORTEST_KEY_RUN: usize = crate::store::RUN as usize;
 
 /// The longest run of a key one claim takes behind its tail ([`key_run`]): the store's
