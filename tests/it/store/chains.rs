@@ -4,6 +4,20 @@
 use super::keys::{appears_late, complete_one, deliver, enqueue_keyed};
 use super::*;
 
+/// A claim of `n` rows of channel `hook` by `claimer` that offers row `row` as the tail of
+/// key `k`, asking for runs of `run` behind it.
+fn behind_tail(n: u32, claimer: &str, row: i64, run: u32) -> ClaimRequest {
+    ClaimRequest {
+        tails: vec![Tail {
+            key: "k".into(),
+            row,
+            channel: "hook".into(),
+            run,
+        }],
+        ..hook_request(n, claimer)
+    }
+}
+
 per_db!(a_claim_extends_a_key_behind_its_tail_held_by_this_claimer);
 /// Chains (docs/design.md, "Ordering keys: chains"): while a key's rows are in flight, a claim
 /// that offers the last of them as the key's tail takes the rows right behind it; a claim
@@ -15,16 +29,7 @@ async fn a_claim_extends_a_key_behind_its_tail_held_by_this_claimer(db: Db) {
     };
     let store = td.store.clone();
     let rows = enqueue_keyed(&td, 12, |_| "k".into()).await;
-    let tail = |row: i64| Tail {
-        key: "k".into(),
-        row,
-        channel: "hook".into(),
-        run: 16,
-    };
-    let with_tails = |n: u32, claimer: &str, row: i64| ClaimRequest {
-        tails: vec![tail(row)],
-        ..hook_request(n, claimer)
-    };
+    let with_tails = |n: u32, claimer: &str, row: i64| behind_tail(n, claimer, row, 16);
     let first = hook_request(4, "a");
     let got = bounded("claim", store.claim(&first)).await;
     assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
@@ -82,15 +87,7 @@ async fn a_claim_takes_as_long_a_run_behind_a_tail_as_the_tail_asks(db: Db) {
     };
     let store = td.store.clone();
     let rows = enqueue_keyed(&td, 200, |_| "k".into()).await;
-    let behind = |row: i64, run: u32| ClaimRequest {
-        tails: vec![Tail {
-            key: "k".into(),
-            row,
-            channel: "hook".into(),
-            run,
-        }],
-        ..hook_request(100, "a")
-    };
+    let behind = |row: i64, run: u32| behind_tail(100, "a", row, run);
     let got = bounded("claim", store.claim(&hook_request(100, "a"))).await;
     assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
     let got = bounded("claim", store.claim(&behind(rows[0], 16))).await;
@@ -121,15 +118,7 @@ async fn a_finished_tail_extends_nothing_while_an_earlier_row_of_its_key_is_unfi
     };
     let store = td.store.clone();
     let rows = enqueue_keyed(&td, 4, |_| "k".into()).await;
-    let behind = |row: i64, n: u32| ClaimRequest {
-        tails: vec![Tail {
-            key: "k".into(),
-            row,
-            channel: "hook".into(),
-            run: 16,
-        }],
-        ..hook_request(n, "a")
-    };
+    let behind = |row: i64, n: u32| behind_tail(n, "a", row, 16);
     let first = hook_request(1, "a");
     let got = bounded("claim", store.claim(&first)).await;
     assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
@@ -264,15 +253,7 @@ async fn row_appears_between_rows_read_ahead(db: Db, alone: bool) {
         list.join(", ")
     ))
     .await;
-    let tail = |row: i64| ClaimRequest {
-        tails: vec![Tail {
-            key: "k".into(),
-            row,
-            channel: "hook".into(),
-            run: 16,
-        }],
-        ..hook_request(2, "a")
-    };
+    let tail = |row: i64| behind_tail(2, "a", row, 16);
     let got = bounded("claim", store.claim(&hook_request(1, "a"))).await;
     assert_eq!(ids(&got), rows[..1].to_vec(), "the key's head");
     // Two rows behind the tail: MySQL/MariaDB read the rest of the run ahead.
