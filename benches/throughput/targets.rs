@@ -40,7 +40,7 @@ pub(crate) fn print_targets(
     let [wide, narrow, mixed] = KEYED_CASES;
     println!();
     println!(
-        "| database, against the targets | relay / receiver ceiling (target) | {} / unkeyed drains of as many rows beside it (>= {:.1}x); in brackets, written key by key | {} (>= {:.1}x) | {}: their rows/s / the unkeyed drains' (>= {:.1}x); in brackets, every row's (keyed and unkeyed) | tracing on / off | statements / row (<= {STATEMENTS_PER_ROW}) | commit to arrival, worst p99 (<= 10 ms on PostgreSQL, 100 ms elsewhere) | RSS idle / peak (<= 30 / 64 MB) |",
+        "| database, against the targets | relay / receiver ceiling (target) | {} / unkeyed drains of as many rows beside it (>= {:.1}x); in brackets, written key by key | {} (>= {:.1}x) | {}: their rows/s / the unkeyed drains' (>= {:.1}x), then among 200 keys x 100; in brackets, every row's (keyed and unkeyed) | tracing on / off | statements / row (<= {STATEMENTS_PER_ROW}) | commit to arrival, worst p99 (<= 10 ms on PostgreSQL, 100 ms elsewhere) | RSS idle / peak (<= 30 / 64 MB) |",
         wide.label(),
         wide.target,
         narrow.label(),
@@ -72,6 +72,15 @@ pub(crate) fn print_targets(
                 format!("{} ({:.2}x)", keyed(mixed), k.whole_ratio(m))
             }
             _ => keyed(mixed),
+        };
+        // The same among 200 keys of 100 rows, after it.
+        let mixed_cell = match (s.keyed.iter().find(|k| k.case == MIXED_AMONG_MANY), main) {
+            (Some(k), Some(m)) if m > 0.0 => format!(
+                "{mixed_cell}; among 200 keys x 100: {} ({:.2}x)",
+                keyed(MIXED_AMONG_MANY),
+                k.whole_ratio(m)
+            ),
+            _ => mixed_cell,
         };
         // The wide case written key by key, against the same target, in brackets.
         let wide_cell = match (s.keyed.iter().find(|k| k.case == KEY_BY_KEY), main) {

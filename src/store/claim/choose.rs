@@ -8,9 +8,11 @@
 //! the one before it was accepted. A key read from behind its tail (a key part with `after`)
 //! is taken the same way: its first row read is right behind the key's rows in flight, and the
 //! database checks that the tail is still held (docs/design.md, "Ordering keys: chains").
-//! Each channel's rows count against its budget: each key's first row first (the oldest of its
-//! key), then the oldest windows, then the rest of the keys' runs, then the newest window's
-//! share, so that a few keys with long runs do not slow the unkeyed rows among them.
+//! Each channel's rows count against its budget: keys' first rows (the oldest of each key) up to
+//! a keyed share of the budget, oldest first, then the oldest windows, then the other keys'
+//! first rows, then the rest of the keys' runs, then the newest window's share, so that a
+//! keyed backlog, of few keys with long runs or of many keys, does not slow the unkeyed rows
+//! among it, and keys still move whatever else is waiting.
 //!
 //! What the claim learns for the floors: how far each oldest window looked with every row
 //! settled (taken, or not claimable), so that the next claim reads on from there.
@@ -56,6 +58,8 @@ pub struct Seen {
     pub sweep: bool,
     /// Rows it took.
     pub took: usize,
+    /// Of those, rows without an ordering key.
+    pub unkeyed: usize,
     /// Rows it asked for.
     pub asked: u32,
     /// It read all the rows it asked for, every one settled, and its channel still has
@@ -95,6 +99,9 @@ pub struct Choice {
     /// Per key read, the rows it read and did not take, right behind those it took (none:
     /// the part read the key behind a tail and found no row at all).
     pub ahead: Vec<Ahead>,
+    /// The oldest windows took unkeyed rows, and left their channels' oldest shares no room:
+    /// the next claim reads no more keys than the keyed share (see `keys::key_parts`).
+    pub crowded: bool,
 }
 
 /// Rows of a key a claim read and did not take, in id order, each free when read, right
@@ -121,6 +128,15 @@ struct KeyRun<'a> {
     own: Vec<&'a Candidate>,
     ids: Vec<i64>,
     open: bool,
+}
+
+/// A channel's keyed share is this part of its budget (an eighth): the keys' first rows a
+/// claim takes before its oldest windows (docs/design.md, "Ordering keys: a keyed share").
+pub const KEYED_SHARE: u32 = 8;
+
+/// The keyed share of a channel's budget of `total` rows: an eighth, at least one.
+pub fn keyed_share(total: u32) -> u32 {
+    (total / KEYED_SHARE).max(1)
 }
 
 /// Chooses from `found` (each part's rows, in the part's order: ascending ids, descending
@@ -169,7 +185,31 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             _ => None,
         })
         .collect();
-    let mut runs = c.key_heads(&keys);
+    let mut runs = c.key_runs_read(&keys);
+    let firsts = c.first_rows(&runs);
+    // A channel's keys yield to the unkeyed rows its oldest windows found, beyond their share.
+    let unkeyed = |channel: &str| {
+        found.iter().any(|(part, rows)| match part {
+            Part::Window {
+                channel: c,
+                newest: false,
+                ..
+            } if c == channel => rows.iter().any(|r| r.key.is_none() && r.claimable()),
+            _ => false,
+        })
+    };
+    let shares: Fast<String, u32> = budgets
+        .iter()
+        .map(|b| {
+            let share = if unkeyed(&b.channel) {
+                keyed_share(b.total)
+            } else {
+                u32::MAX
+            };
+            (b.channel.clone(), share)
+        })
+        .collect();
+    let rest = c.key_heads(&mut runs, &firsts, Some(shares));
     for (part, rows) in found {
         match part {
             Part::Window {
@@ -183,6 +223,12 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             _ => {}
         }
     }
+    // What the oldest windows left: a window that took unkeyed rows reads on into it, since
+    // the next window's unkeyed rows go before the keys' rows that would take it now.
+    let after_windows: Vec<u32> = c.choice.seen.iter().map(|s| c.room(&s.channel)).collect();
+    let mut oldest = (c.choice.seen.iter().zip(&after_windows)).filter(|(s, _)| !s.sweep);
+    c.choice.crowded = oldest.clone().any(|(s, _)| s.unkeyed > 0) && oldest.all(|(_, r)| *r == 0);
+    c.key_heads(&mut runs, &rest, None);
     c.key_runs(&mut runs, run.max(1));
     c.key_fates(&keys, runs);
     for (part, rows) in found {
@@ -195,11 +241,15 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             c.newest(channel, rows);
         }
     }
-    let room = |ch: &str| {
-        let left = c.left.get(ch).copied().unwrap_or(0);
-        left.saturating_sub(c.newest_left.get(ch).copied().unwrap_or(0))
-    };
-    let rooms: Vec<u32> = c.choice.seen.iter().map(|s| room(&s.channel)).collect();
+    let rooms: Vec<u32> = (c.choice.seen.iter().zip(after_windows))
+        .map(|(s, after)| {
+            if s.unkeyed > 0 {
+                after
+            } else {
+                c.room(&s.channel)
+            }
+        })
+        .collect();
     for (seen, room) in c.choice.seen.iter_mut().zip(rooms) {
         seen.wants_more &= room > 0;
         seen.room = room;
@@ -219,6 +269,12 @@ struct Chooser {
 }
 
 impl Chooser {
+    /// What `channel`'s oldest share has left.
+    fn room(&self, channel: &str) -> u32 {
+        let left = self.left.get(channel).copied().unwrap_or(0);
+        left.saturating_sub(self.newest_left.get(channel).copied().unwrap_or(0))
+    }
+
     /// Takes `row` if its channel has budget left (of its oldest share when `oldest`).
     fn take(&mut self, row: &Candidate, oldest: bool) -> bool {
         if self.taken.contains(&row.id) {
@@ -238,30 +294,67 @@ impl Chooser {
         true
     }
 
-    /// Each key's first row (its head, or the row right behind its tail), before any window:
-    /// every key moves at least a row a claim whatever else is waiting.
-    fn key_heads<'a>(&mut self, keys: &[KeyRows<'a>]) -> Vec<KeyRun<'a>> {
+    /// Each key's own rows read, none taken yet.
+    fn key_runs_read<'a>(&self, keys: &[KeyRows<'a>]) -> Vec<KeyRun<'a>> {
         keys.iter()
-            .map(|(key, _, rows, _, _)| {
-                let own: Vec<&Candidate> = rows
+            .map(|(key, _, rows, _, _)| KeyRun {
+                own: rows
                     .iter()
                     .filter(|r| r.key.as_deref() == Some(key.key.as_str()))
-                    .collect();
-                let mut run = KeyRun {
-                    own,
-                    ids: Vec::new(),
-                    open: false,
-                };
-                if let Some(head) = run.own.first().copied()
-                    && head.claimable()
-                    && self.take(head, true)
-                {
-                    run.ids.push(head.id);
-                    run.open = true;
-                }
-                run
+                    .collect(),
+                ids: Vec::new(),
+                open: false,
             })
             .collect()
+    }
+
+    /// The keys whose first row read (their head, or the row right behind their tail) is
+    /// claimable, oldest row first: the key that waited longest moves first.
+    fn first_rows(&self, runs: &[KeyRun]) -> Vec<usize> {
+        let mut firsts: Vec<(i64, usize)> = (runs.iter().enumerate())
+            .filter_map(|(i, r)| r.own.first().filter(|h| h.claimable()).map(|h| (h.id, i)))
+            .collect();
+        firsts.sort_unstable();
+        firsts.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// Takes the first row of each key of `firsts` (in their order) while its channel has
+    /// budget, and with `shares` no more of each channel's than its keyed share; returns the
+    /// keys left. Before the windows, the keyed share: keys move at least that much a claim
+    /// whatever else is waiting; after them, the rest: every key moves a row a claim unless
+    /// the oldest windows' rows took the budget (docs/design.md, "Ordering keys: a keyed
+    /// share").
+    fn key_heads(
+        &mut self,
+        runs: &mut [KeyRun],
+        firsts: &[usize],
+        mut shares: Option<Fast<String, u32>>,
+    ) -> Vec<usize> {
+        let mut left = Vec::new();
+        for &i in firsts {
+            let run = &mut runs[i];
+            let Some(head) = run.own.first().copied() else {
+                continue;
+            };
+            let share = match &mut shares {
+                Some(shares) => match head.channel.as_ref().and_then(|ch| shares.get_mut(ch)) {
+                    Some(n) if *n > 0 => Some(n),
+                    _ => {
+                        left.push(i);
+                        continue;
+                    }
+                },
+                None => None,
+            };
+            if self.take(head, true) {
+                run.ids.push(head.id);
+                run.open = true;
+                if let Some(n) = share {
+                    *n -= 1;
+                }
+            }
+        }
+        left
     }
 
     /// The rest of each key's run, after the windows: the rows behind each key's first row
@@ -269,7 +362,7 @@ impl Chooser {
     /// third, ...) so that a budget smaller than the keys' rows is shared among the keys. They
     /// come after the windows' rows, the unkeyed rows and other keys' heads among them, so a
     /// backlog of few keys with many rows each cannot take the budget those need
-    /// (docs/design.md, "Ordering keys: runs after the windows").
+    /// (docs/design.md, "Ordering keys: a keyed share").
     fn key_runs(&mut self, runs: &mut [KeyRun], run: u32) {
         for pos in 1..run as usize {
             for r in runs.iter_mut().filter(|r| r.open) {
@@ -327,7 +420,7 @@ impl Chooser {
             .filter(|r| r.channel.as_deref() == Some(channel))
             .collect();
         let mut settled = from;
-        let mut took = 0;
+        let (mut took, mut unkeyed) = (0, 0);
         let mut open = true;
         for row in &rows {
             if row.claimable() {
@@ -337,6 +430,7 @@ impl Chooser {
                 }
                 self.alone(row);
                 took += 1;
+                unkeyed += usize::from(row.key.is_none());
             }
             if open {
                 settled = Some(row.id);
@@ -350,6 +444,7 @@ impl Chooser {
             reached_end,
             sweep,
             took,
+            unkeyed,
             asked,
             // Decided once every part is chosen from (see `choose`).
             wants_more: open && !reached_end && !sweep,

@@ -32,7 +32,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::choose::{Candidate, Choice, KeyFate};
+use super::choose::{Candidate, Choice, KeyFate, keyed_share};
 use super::keys::{ReadAhead, key_parts};
 use super::plan::{KeyRef, NEWEST_WINDOW, Part, budgets, gaps, oldest_window};
 use crate::store::model::{ClaimRequest, ClaimedRow, Completion, Resolution};
@@ -97,6 +97,8 @@ struct State {
     walk_every: Duration,
     /// When the full walk in progress was planned: its duration sets the next period.
     walking: Option<Instant>,
+    /// The last claim's oldest windows took their whole room ([`Choice::crowded`]).
+    crowded: bool,
 }
 
 impl Default for State {
@@ -110,6 +112,7 @@ impl Default for State {
             last_full_walk: None,
             walk_every: FULL_WALK_EVERY,
             walking: None,
+            crowded: false,
         }
     }
 }
@@ -161,12 +164,15 @@ impl State {
     /// (any of them will do: a row of a key left out is looked up as before). Each such row
     /// frees its key when its result is written (or when the retry it was sent back for
     /// comes due), so a row a window passes as behind one of them is read again through its
-    /// freed key.
+    /// freed key. After a crowded claim, the keys this store freed as well: the claim reads
+    /// them through their own parts, the keys that moved longest ago first, within the keyed
+    /// share, and its windows must not take their heads past that share (docs/design.md,
+    /// "Ordering keys: a keyed share"); each stays freed until a claim gets its head.
     fn busy_keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self
-            .in_flight
-            .values()
+        let freed = self.crowded.then(|| self.freed.keys().cloned());
+        let mut keys: Vec<String> = (self.in_flight.values())
             .filter_map(|(_, key)| key.clone())
+            .chain(freed.into_iter().flatten())
             .collect();
         keys.sort_unstable();
         keys.dedup();
@@ -220,12 +226,17 @@ impl State {
         for b in budgets(req) {
             let c = self.channels.entry(b.channel.clone()).or_default();
             let floor = c.settle(now);
-            // Rows behind the keys in flight of this channel count against its budget: the
-            // oldest window reads that many fewer (what it finds there would not be taken).
+            // Rows behind the keys in flight of this channel count against its budget (after a
+            // crowded claim, up to the keyed share that goes before the windows): the oldest
+            // window reads that many fewer (what it finds there would not be taken).
             let chained = req.tails.iter().filter(|t| t.channel == b.channel).count();
+            let chained = u32::try_from(chained).unwrap_or(u32::MAX);
+            let chained = match self.crowded {
+                true => chained.min(keyed_share(b.total)),
+                false => chained,
+            };
             let oldest = b.total - b.newest;
-            let window =
-                oldest_window(oldest.saturating_sub(u32::try_from(chained).unwrap_or(u32::MAX)));
+            let window = oldest_window(oldest.saturating_sub(chained));
             if oldest > 0 {
                 if full && c.sweep != floor {
                     parts.push(Part::Window {
@@ -260,7 +271,7 @@ impl State {
             let ahead = &self.ahead;
             self.freed
                 .retain(|key, row| !ahead.empty_behind(key, *row, now));
-            parts.extend(key_parts(req, &self.freed, &self.ahead, now));
+            parts.extend(key_parts(req, &self.freed, &self.ahead, now, self.crowded));
         }
         match &req.budgets {
             Some(b) => {
@@ -385,6 +396,7 @@ impl Cursors {
         if !looked {
             return;
         }
+        s.crowded = choice.crowded;
         for seen in &choice.seen {
             let c = s.channels.entry(seen.channel.clone()).or_default();
             let Some(settled) = seen.settled.map(|n| c.cap(n)) else {

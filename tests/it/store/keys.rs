@@ -202,9 +202,10 @@ async fn a_keyed_backlog_is_claimed_in_runs_of_its_freed_keys(db: Db) {
 }
 
 per_db!(unkeyed_rows_among_keys_go_before_the_rest_of_their_runs);
-/// Two keys of many rows with unkeyed rows among them (docs/design.md, "Ordering keys: runs
-/// after the windows"): each claim takes a row of each freed key, then the oldest unkeyed
-/// rows, and only what is left goes to the keys' runs; the keys still move a row a claim.
+/// Two keys of many rows with unkeyed rows among them (docs/design.md, "Ordering keys: a
+/// keyed share"): each claim takes its keyed share of keys' first rows, the oldest first,
+/// then the oldest unkeyed rows, and only what is left goes to the other keys and to runs;
+/// the keys take turns, and with budget for all each takes a run.
 async fn unkeyed_rows_among_keys_go_before_the_rest_of_their_runs(db: Db) {
     let Some(td) = TestDb::open(db, "st_mixed").await else {
         return;
@@ -231,26 +232,26 @@ async fn unkeyed_rows_among_keys_go_before_the_rest_of_their_runs(db: Db) {
     );
     deliver(&td, &first, &got).await;
     let mut from = 1;
-    for round in 1..4 {
+    // A budget of 8 has a keyed share of one: the oldest keyed row, k0's, k1's, k0's.
+    for (round, keyed) in [(1, rows[3]), (2, rows[4]), (3, rows[6])] {
         let req = hook_request(8, "a");
         let got = bounded("claim", store.claim(&req)).await;
-        let mut want = vec![rows[3 * round], rows[3 * round + 1]];
-        want.extend(unkeyed(from, 6));
+        let mut want = vec![keyed];
+        want.extend(unkeyed(from, 7));
         want.sort();
         assert_eq!(
             ids(&got),
             want,
-            "round {round}: a row of each key, then six unkeyed rows, no run"
+            "round {round}: the oldest key's row, then seven unkeyed rows, no run"
         );
-        from += 6;
+        from += 7;
         deliver(&td, &req, &got).await;
     }
-    // With budget for all: the rest of the unkeyed rows, and a run of each key.
+    // With budget for all: the rest of the unkeyed rows, and a run of 16 of each key.
     let req = hook_request(100, "a");
     let got = bounded("claim", store.claim(&req)).await;
-    let mut want: Vec<i64> = (4..20)
-        .flat_map(|j| [rows[3 * j], rows[3 * j + 1]])
-        .collect();
+    let mut want: Vec<i64> = (3..19).map(|j| rows[3 * j]).collect();
+    want.extend((2..18).map(|j| rows[3 * j + 1]));
     want.extend(unkeyed(from, 30 - from));
     want.sort();
     assert_eq!(
@@ -333,6 +334,67 @@ async fn keys_of_any_text_are_claimed_in_order(db: Db) {
     );
     for r in &got {
         assert_eq!(r.ordering_key.as_deref(), Some(key_of(r.delivery.id)));
+    }
+    td.drop_table().await;
+}
+
+per_db!(many_keys_leave_the_unkeyed_rows_among_them_all_but_their_share);
+/// Unkeyed rows mixed one for one into 40 keys of three rows (docs/design.md, "Ordering keys: a
+/// keyed share"): once every key is known, each claim of 16 while unkeyed rows wait takes no
+/// more keyed rows than its keyed share (two), however many keys it freed, and its windows pass
+/// the freed keys' rows; then the keys drain. Every row is claimed once, each key's in id
+/// order.
+async fn many_keys_leave_the_unkeyed_rows_among_them_all_but_their_share(db: Db) {
+    let Some(td) = TestDb::open(db, "st_share").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let mut keyed: Vec<(String, i64)> = Vec::new();
+    let mut unkeyed: Vec<i64> = Vec::new();
+    for _ in 0..3 {
+        for k in 0..40 {
+            let key = format!("k{k}");
+            keyed.push((key.clone(), td.enqueue("hook", "{}", Some(&key)).await));
+            unkeyed.push(td.enqueue("hook", "{}", None).await);
+        }
+    }
+    let mut claimed: Vec<ClaimedRow> = Vec::new();
+    for claims in 1.. {
+        assert!(claims < 100, "the table did not drain");
+        let waiting = unkeyed.len() - claimed.iter().filter(|r| r.ordering_key.is_none()).count();
+        let known = (claimed.iter().filter_map(|r| r.ordering_key.as_ref()))
+            .collect::<std::collections::HashSet<_>>()
+            .len();
+        let req = hook_request(16, "a");
+        let got = bounded("claim", store.claim(&req)).await;
+        if got.is_empty() {
+            break;
+        }
+        let took_keyed = got.iter().filter(|r| r.ordering_key.is_some()).count();
+        if known == 40 && waiting >= 16 {
+            assert!(
+                took_keyed <= 2,
+                "claim {claims}: {took_keyed} keyed rows while {waiting} unkeyed rows wait"
+            );
+        }
+        deliver(&td, &req, &got).await;
+        claimed.extend(got);
+    }
+    let mut got: Vec<i64> = ids(&claimed);
+    got.sort_unstable();
+    let mut all: Vec<i64> = keyed.iter().map(|(_, id)| *id).chain(unkeyed).collect();
+    all.sort_unstable();
+    assert_eq!(got, all, "every row claimed once");
+    for k in 0..40 {
+        let key = format!("k{k}");
+        let order: Vec<i64> = (claimed.iter())
+            .filter(|r| r.ordering_key.as_deref() == Some(key.as_str()))
+            .map(|r| r.delivery.id)
+            .collect();
+        let want: Vec<i64> = (keyed.iter().filter(|(k, _)| *k == key))
+            .map(|(_, id)| *id)
+            .collect();
+        assert_eq!(order, want, "{key} in id order");
     }
     td.drop_table().await;
 }

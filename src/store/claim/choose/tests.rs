@@ -107,40 +107,84 @@ fn a_freed_key_takes_a_run_while_rows_are_free() {
     assert_eq!(c.keys, [(key, KeyFate::Taken)]);
 }
 
-#[test]
-fn a_window_comes_after_each_keys_first_row_and_before_the_rest_of_their_runs() {
-    let key = |k: &str, row: i64| KeyRef { key: k.into(), row };
-    let part = |k: &str, row: i64| Part::Key {
-        key: key(k, row),
-        after: None,
+fn key_part(k: &str, row: i64, after: Option<i64>) -> Part {
+    Part::Key {
+        key: KeyRef { key: k.into(), row },
+        after,
         rows: 8,
-    };
-    let keyed = |k: &str, ids: [i64; 4]| {
-        ids.iter()
-            .enumerate()
-            .map(|(i, &id)| row(id, Some(k), true, i == 0))
-            .collect::<Vec<_>>()
-    };
+    }
+}
+
+/// Key `k`'s rows `ids`, the first its head (or right behind its tail).
+fn keyed(k: &str, ids: &[i64]) -> Vec<Candidate> {
+    (ids.iter().enumerate())
+        .map(|(i, &id)| row(id, Some(k), true, i == 0))
+        .collect()
+}
+
+#[test]
+fn keys_first_rows_up_to_their_share_come_before_a_window_and_the_rest_after_it() {
     // Two keys of four rows each, and a window of four unkeyed rows behind them.
     let unkeyed: Vec<Candidate> = (20..24).map(|id| row(id, None, true, true)).collect();
     let found = [
-        (part("a", 1), keyed("a", [1, 3, 5, 7])),
-        (part("b", 2), keyed("b", [2, 4, 6, 8])),
+        (key_part("a", 1, None), keyed("a", &[1, 3, 5, 7])),
+        (key_part("b", 2, None), keyed("b", &[2, 4, 6, 8])),
         (window(Some(10), 4), unkeyed),
     ];
-    // Budget for eight: both heads, the whole window, then the keys' second rows.
+    // Budget for eight, a keyed share of one: the oldest key's first row, the whole window,
+    // the other key's first row, then the keys' second rows.
     let c = choose(&found, &budget(8, 0), 8);
-    assert_eq!(c.ids, [1, 2, 20, 21, 22, 23, 3, 4]);
+    assert_eq!(c.ids, [1, 20, 21, 22, 23, 2, 3, 4]);
     assert_eq!(c.runs, [vec![1, 3], vec![2, 4]]);
     assert_eq!(c.seen[0].took, 4);
-    // Budget for three: a key's first row each, then the window's oldest; no run grows.
+    // Budget for sixteen, a keyed share of two: both keys' first rows before the window.
+    let c = choose(&found, &budget(16, 0), 8);
+    assert_eq!(&c.ids[..6], [1, 2, 20, 21, 22, 23]);
+    // Budget for three: the keyed share, then the window's oldest; no run grows, and the
+    // other key waits for the next claim.
     let c = choose(&found, &budget(3, 0), 8);
-    assert_eq!(c.ids, [1, 2, 20]);
+    assert_eq!(c.ids, [1, 20, 21]);
     assert!(c.runs.is_empty());
     let fates: Vec<KeyFate> = c.keys.iter().map(|(_, f)| f.clone()).collect();
-    assert_eq!(fates, [KeyFate::Taken, KeyFate::Taken]);
+    assert_eq!(fates, [KeyFate::Taken, KeyFate::Deferred]);
     // What they read and did not take is ahead of what they took.
     assert_eq!(c.ahead[0].rows, [3, 5, 7]);
+}
+
+#[test]
+fn a_keyed_backlog_leaves_the_unkeyed_rows_among_it_all_but_its_share() {
+    // 40 keys in flight, each with rows behind its tail, and a window of 64 unkeyed rows
+    // as old: a budget of 64 goes 8 to keys (the oldest rows first, tails or not) and 56 to
+    // the window.
+    let mut found: Vec<(Part, Vec<Candidate>)> = (0..40)
+        .map(|k| {
+            let first = 1000 + 10 * (40 - k);
+            let name = format!("k{k}");
+            let rows = keyed(&name, &[first, first + 1, first + 2]);
+            (key_part(&name, first - 1, Some(first - 1)), rows)
+        })
+        .collect();
+    let unkeyed: Vec<Candidate> = (1..=64).map(|id| row(id, None, true, true)).collect();
+    found.push((window(None, 64), unkeyed));
+    let c = choose(&found, &budget(64, 0), 8);
+    let firsts: Vec<i64> = (0..8).map(|n| 1010 + 10 * n).collect();
+    assert_eq!(
+        c.ids[..8],
+        firsts,
+        "the keyed share goes to the oldest rows"
+    );
+    assert_eq!(c.ids[8..], (1..=56).collect::<Vec<i64>>());
+    assert!(c.runs.is_empty());
+    let deferred = (c.keys.iter())
+        .filter(|(_, f)| *f == KeyFate::Deferred)
+        .count();
+    assert_eq!(deferred, 32);
+    // With no unkeyed rows waiting, every key moves a row, and the rest go to their runs.
+    found.pop();
+    let c = choose(&found, &budget(64, 0), 8);
+    assert_eq!(c.ids.len(), 64);
+    assert!(c.keys.iter().all(|(_, f)| *f == KeyFate::Taken));
+    assert_eq!(c.runs.len(), 24, "24 keys take a second row");
 }
 
 #[test]
@@ -279,4 +323,30 @@ fn the_newest_share_is_kept_for_the_newest_window() {
     ];
     let c = choose(&found, &budget(4, 1), 1);
     assert_eq!(c.ids, [1, 2, 3, 100]);
+}
+
+#[test]
+fn without_unkeyed_rows_in_the_windows_every_keys_first_row_comes_first() {
+    // Two keys read, and a window holding only other keys' heads: no unkeyed row waits, so
+    // the keys read take their first rows before the window's, whatever the keyed share.
+    let found = [
+        (key_part("a", 1, None), keyed("a", &[5, 7])),
+        (key_part("b", 2, None), keyed("b", &[6, 8])),
+        (
+            window(Some(0), 4),
+            vec![row(1, Some("c"), true, true), row(2, Some("d"), true, true)],
+        ),
+    ];
+    let c = choose(&found, &budget(3, 0), 8);
+    assert_eq!(c.ids, [5, 6, 1]);
+    assert!(!c.crowded);
+    // An unkeyed row among them: the keyed share (one) first, then the window.
+    let mut found = found.to_vec();
+    found[2].1.push(row(3, None, true, true));
+    let c = choose(&found, &budget(3, 0), 8);
+    assert_eq!(c.ids, [5, 1, 2]);
+    assert!(!c.crowded, "the window took no unkeyed row");
+    let c = choose(&found, &budget(4, 0), 8);
+    assert_eq!(c.ids, [5, 1, 2, 3]);
+    assert!(c.crowded, "it did, and left no room");
 }
