@@ -219,8 +219,8 @@ impl Dispatcher {
         queued: Option<Queued<'_>>,
     ) -> Result<OwnedSemaphorePermit, Resolution> {
         let unsent = |why: &str| give_back(job, sink, why);
-        if let Some(rest) = sink.pause.remaining() {
-            return Err(paused(rest));
+        if let Some(pause) = sink.pause.state() {
+            return Err(paused(sink, pause));
         }
         let latest_start = job
             .deadline
@@ -242,8 +242,8 @@ impl Dispatcher {
                 _ = tokio::time::sleep_until(latest_start) => return Err(unsent("claim expired waiting for the rate limit")),
             }
         }
-        if let Some(rest) = sink.pause.remaining() {
-            return Err(paused(rest));
+        if let Some(pause) = sink.pause.state() {
+            return Err(paused(sink, pause));
         }
         if let Some(why) = self.must_not_send(job, sink.timeout) {
             return Err(unsent(why));
@@ -334,11 +334,14 @@ fn give_back(job: &Job, sink: &SinkHandle, why: &str) -> Resolution {
     }
 }
 
-/// The row back in the table until the paused sink resumes (`rest`), no attempt counted.
-fn paused(rest: Duration) -> Resolution {
+/// The row back in the table until the paused sink resumes (`rest`), no attempt counted. Its
+/// `last_error` says why it was not sent: a row waiting with no attempt and no reason left
+/// an operator nothing to go on. The pause's reason is a sink's classified answer (a 429, a
+/// refused key), which names no secret, as every reason written for a row.
+fn paused(sink: &SinkHandle, (rest, why): (Duration, String)) -> Resolution {
     Resolution::Release {
         delay: rest,
-        error: None,
+        error: Some(format!("not sent: sink {} paused ({why})", sink.name)),
     }
 }
 

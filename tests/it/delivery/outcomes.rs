@@ -255,6 +255,73 @@ async fn throttle_delays_without_counting(db: Db) {
 }
 per_db!(throttle_delays_without_counting);
 
+/// A row claimed beside a throttled one and held back by the sink's pause goes back with the
+/// pause's reason in `last_error` (no attempt counted), so a row waiting with no attempt says
+/// why; it is delivered once the pause ends.
+async fn rows_held_back_by_a_pause_say_why(db: Db) {
+    let Some(td) = open(db, "dl_held").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    let rows = [
+        td.enqueue("hook", r#"{"n": 1}"#, None).await,
+        td.enqueue("hook", r#"{"n": 2}"#, None).await,
+    ];
+    // Whichever is sent first is throttled; the other, claimed with it, waits for the one
+    // slot and finds the sink paused.
+    for id in rows {
+        rx.script(
+            id,
+            vec![Reply::status(429).header("retry-after", "2").body("slow")],
+        );
+    }
+    let _relay = RelayProc::start(&td, &base(&rx).hook(|s| s.concurrency(1)), "one");
+    let tdr = &td;
+    let held_back = |s: &RowState| {
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not sent") && e.contains("paused"))
+    };
+    until(
+        "a row given back with the pause's reason",
+        Duration::from_secs(10),
+        || async move {
+            for id in rows {
+                if held_back(&row_state(tdr, id).await) {
+                    return true;
+                }
+            }
+            false
+        },
+    )
+    .await;
+    let mut held = Vec::new();
+    for id in rows {
+        let s = row_state(&td, id).await;
+        if held_back(&s) {
+            held.push(id);
+            assert_eq!(s.attempts, 0, "held back, not attempted: {s:?}");
+            let err = s.last_error.unwrap_or_default();
+            assert!(
+                err.contains("hook") && err.contains("429"),
+                "last_error: {err}"
+            );
+        }
+    }
+    assert_eq!(held.len(), 1, "one row throttled, one held back");
+    until(
+        "both rows SUCCESS",
+        Duration::from_secs(15),
+        || async move {
+            row_state(tdr, rows[0]).await.status == "SUCCESS"
+                && row_state(tdr, rows[1]).await.status == "SUCCESS"
+        },
+    )
+    .await;
+    td.drop_table().await;
+}
+per_db!(rows_held_back_by_a_pause_say_why);
+
 // ---------------------------------------------------------------------------------------------
 // 5. Bad rows fail alone (G5): unknown channel, oversized payload, not JSON (SQLite only).
 
