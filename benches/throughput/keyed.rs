@@ -1,9 +1,10 @@
 //! The leader section's keyed variations (issue 36, unkeyed rows among 200 keys, a key per
-//! row, one hot key, and 200 keys written key by key): backlogs of ordering keys drained with the defaults, each compared with
-//! unkeyed drains of as many rows, one right before each of its own (and, printed beside, with
-//! the unkeyed main run). Rows take their keys round-robin, so consecutive rows belong to
-//! different keys, and once the head of every key is in flight each row left waits behind one
-//! (docs/performance.md, "Open"); the key-by-key case writes each key's rows one after another.
+//! row, one hot key, and 200 keys written key by key): backlogs of ordering keys drained with
+//! the defaults, each compared with unkeyed drains of as many rows, one right before each of its
+//! own (and, printed beside, with the unkeyed main run). Rows take their keys round-robin, so
+//! consecutive rows belong to different keys, and once the head of every key is in flight each
+//! row left waits behind one (docs/performance.md, "Open"); the key-by-key case writes each
+//! key's rows one after another.
 //!
 //! Why a drain of its own: the main run is minutes earlier, and this shared machine's speed
 //! moves by a fifth within minutes; the same build's ratio against the main run moved from

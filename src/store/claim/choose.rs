@@ -187,29 +187,7 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         .collect();
     let mut runs = c.key_runs_read(&keys);
     let firsts = c.first_rows(&runs);
-    // A channel's keys yield to the unkeyed rows its oldest windows found, beyond their share.
-    let unkeyed = |channel: &str| {
-        found.iter().any(|(part, rows)| match part {
-            Part::Window {
-                channel: c,
-                newest: false,
-                ..
-            } if c == channel => rows.iter().any(|r| r.key.is_none() && r.claimable()),
-            _ => false,
-        })
-    };
-    let shares: Fast<String, u32> = budgets
-        .iter()
-        .map(|b| {
-            let share = if unkeyed(&b.channel) {
-                keyed_share(b.total)
-            } else {
-                u32::MAX
-            };
-            (b.channel.clone(), share)
-        })
-        .collect();
-    let rest = c.key_heads(&mut runs, &firsts, Some(shares));
+    let rest = c.key_heads(&mut runs, &firsts, Some(keyed_shares(found, budgets)));
     for (part, rows) in found {
         match part {
             Part::Window {
@@ -255,6 +233,31 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         seen.room = room;
     }
     c.choice
+}
+
+/// Per channel, how many keys' first rows go before its oldest windows: its keyed share where
+/// those windows found claimable unkeyed rows (the keys yield to them beyond it), all of them
+/// where they found none.
+fn keyed_shares(found: &[(Part, Vec<Candidate>)], budgets: &[Budget]) -> Fast<String, u32> {
+    let unkeyed = |channel: &str| {
+        found.iter().any(|(part, rows)| match part {
+            Part::Window {
+                channel: c,
+                newest: false,
+                ..
+            } if c == channel => rows.iter().any(|r| r.key.is_none() && r.claimable()),
+            _ => false,
+        })
+    };
+    (budgets.iter())
+        .map(|b| {
+            let share = match unkeyed(&b.channel) {
+                true => keyed_share(b.total),
+                false => u32::MAX,
+            };
+            (b.channel.clone(), share)
+        })
+        .collect()
 }
 
 struct Chooser {

@@ -215,14 +215,13 @@ pub fn key_parts(
         .collect();
     let chained: HashSet<&str> = tails.iter().map(|t| t.key.as_str()).collect();
     let room = if crowded {
-        keyed_room(req)
+        let room = keyed_room(req);
+        let freed_rows = oldest_freed(&chained, freed, ahead, now, room);
+        longest_still(&mut tails, freed_rows.iter().map(|(row, _)| *row), room);
+        room
     } else {
         KEYS_PER_CLAIM
     };
-    if crowded {
-        let freed_rows = oldest_freed(&chained, freed, ahead, now, room);
-        longest_still(&mut tails, freed_rows.iter().map(|(row, _)| *row), room);
-    }
     let total = req.budgets.as_ref().map_or(req.limit, |b| b.total());
     let share = (total / u32::try_from(tails.len()).unwrap_or(u32::MAX).max(1)).saturating_mul(2);
     let mut parts: Vec<Part> = tails
