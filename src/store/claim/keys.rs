@@ -1,7 +1,8 @@
 //! Which ordering keys a claim reads, and how (docs/design.md, "Ordering keys: chains", "Ordering
 //! keys: rows read ahead"): the keys with rows in flight at the relay from behind their tails,
 //! then the keys this store freed from their first unfinished row; where the database reads
-//! ahead, a key in flight whose next rows an earlier claim read behind that very tail by id.
+//! ahead, a key whose next rows an earlier claim read behind that very tail (or behind the
+//! row that freed it) by id.
 //!
 //! Guarantees: at most [`KEYS_PER_CLAIM`] keys a claim, each part bounded by a run; rows read
 //! ahead are only candidates (the claim statement checks each as any other), forgotten as soon
@@ -195,7 +196,8 @@ impl ReadAhead {
 /// The parts that read ordering keys, at most [`KEYS_PER_CLAIM`]: first the keys with rows in
 /// flight at the relay, from behind their tails ([`ClaimRequest::tails`]), each read for a
 /// fair share of the budget (a claim takes them breadth first); then the freed keys without
-/// rows in flight, oldest first, from their first unfinished row, for a whole run.
+/// rows in flight, oldest first, from their first unfinished row for a whole run, or from the
+/// rows read ahead behind the row that freed them ([`freed_part`]).
 ///
 /// With `crowded` (the last claim's oldest windows took the whole budget they were left), no
 /// more keys than the keyed share of the budgets (`choose::keyed_share`), the keys that moved
