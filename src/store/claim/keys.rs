@@ -1,8 +1,7 @@
 //! Which ordering keys a claim reads, and how (docs/design.md, "Ordering keys: chains", "Ordering
 //! keys: rows read ahead"): the keys with rows in flight at the relay from behind their tails,
 //! then the keys this store freed from their first unfinished row; where the database reads
-//! ahead, a key whose next rows an earlier claim read behind that very tail (or behind the
-//! row that freed it) by id.
+//! ahead, a key in flight whose next rows an earlier claim read behind that very tail by id.
 //!
 //! Guarantees: at most [`KEYS_PER_CLAIM`] keys a claim, each part bounded by a run; rows read
 //! ahead are only candidates (the claim statement checks each as any other), forgotten as soon
@@ -196,8 +195,7 @@ impl ReadAhead {
 /// The parts that read ordering keys, at most [`KEYS_PER_CLAIM`]: first the keys with rows in
 /// flight at the relay, from behind their tails ([`ClaimRequest::tails`]), each read for a
 /// fair share of the budget (a claim takes them breadth first); then the freed keys without
-/// rows in flight, oldest first, from their first unfinished row for a whole run, or from the
-/// rows read ahead behind the row that freed them ([`freed_part`]).
+/// rows in flight, oldest first, from their first unfinished row, for a whole run.
 ///
 /// With `crowded` (the last claim's oldest windows took the whole budget they were left), no
 /// more keys than the keyed share of the budgets (`choose::keyed_share`), the keys that moved
@@ -262,41 +260,16 @@ pub fn key_parts(
     parts.extend(
         oldest_freed(&chained, freed, ahead, now, room - tails.len())
             .into_iter()
-            .map(|(row, key)| freed_part(key, row, ahead, crowded)),
+            .map(|(row, key)| Part::Key {
+                key: KeyRef {
+                    key: key.clone(),
+                    row,
+                },
+                after: None,
+                rows: RUN,
+            }),
     );
     parts
-}
-
-/// The part that reads `key`, freed by `row`: the rows read ahead right behind `row` by id,
-/// a run of them, where a claim read them behind it (the row finished since; they are the
-/// key's next unfinished rows, and the claim statement checks each as any) and they make a
-/// whole run, or any of them for a `crowded` claim; else the key's first unfinished rows
-/// through its index, a whole run. A crowded claim takes a key's first row and seldom more,
-/// and each such row frees its key: read from its first row every time, each such claim read
-/// a run of every key for the one row it took (docs/design.md, "Ordering keys: rows read
-/// ahead"). Otherwise a key takes a run, which a few rows left ahead would cut short.
-fn freed_part(key: &str, row: i64, ahead: &ReadAhead, crowded: bool) -> Part {
-    let key_ref = KeyRef {
-        key: key.to_string(),
-        row,
-    };
-    let enough = |n: usize| n > 0 && (crowded || n >= RUN as usize);
-    match ahead.keys.get(key) {
-        Some(a) if ahead.on && a.after == row && enough(a.rows.len()) => {
-            let (ids, more) = a.rows.split_at((RUN as usize).min(a.rows.len()));
-            Part::Known {
-                key: key_ref,
-                after: row,
-                ids: ids.to_vec(),
-                more: more.to_vec(),
-            }
-        }
-        _ => Part::Key {
-            key: key_ref,
-            after: None,
-            rows: RUN,
-        },
-    }
 }
 
 /// Keeps of `tails` those among the `room` keys that moved longest ago, by their last row
