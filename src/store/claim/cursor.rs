@@ -290,10 +290,11 @@ impl Cursors {
     /// read ahead"): a key read from behind its tail reads a whole run, and the rows a claim
     /// does not take are read by id by the next claims, or taken as read by a leader's. Every
     /// database's claims read so: a leader's claims then skip the keys' read, which on
-    /// MySQL/MariaDB costs a member per key.
-    pub fn reading_ahead() -> Cursors {
+    /// MySQL/MariaDB costs a member per key. With `freed_from_ahead`, so are freed keys
+    /// ([`ReadAhead::freeing_from_ahead`]).
+    pub fn reading_ahead(freed_from_ahead: bool) -> Cursors {
         let c = Cursors::default();
-        c.lock().ahead = ReadAhead::on();
+        c.lock().ahead = ReadAhead::on().freeing_from_ahead(freed_from_ahead);
         c
     }
 

@@ -47,6 +47,9 @@ struct Ahead {
 #[derive(Debug, Default)]
 pub struct ReadAhead {
     on: bool,
+    /// Whether a freed key is read from the rows read ahead behind the row that freed it
+    /// (see [`ReadAhead::freeing_from_ahead`]).
+    freed_from_ahead: bool,
     keys: HashMap<String, Ahead>,
     /// The channel of each row read ahead, as read (see [`ReadAhead::as_read`]).
     channels: HashMap<i64, Option<String>>,
@@ -61,6 +64,16 @@ impl ReadAhead {
         ReadAhead {
             on: true,
             ..ReadAhead::default()
+        }
+    }
+
+    /// Reading freed keys from the rows read ahead behind the rows that freed them, by id
+    /// (`freed_part`), where the database reads each key in a member of its own
+    /// ([`ClaimSql::freed_keys_from_rows_ahead`](crate::store::claim::ClaimSql)).
+    pub fn freeing_from_ahead(self, on: bool) -> ReadAhead {
+        ReadAhead {
+            freed_from_ahead: on,
+            ..self
         }
     }
 
@@ -260,16 +273,42 @@ pub fn key_parts(
     parts.extend(
         oldest_freed(&chained, freed, ahead, now, room - tails.len())
             .into_iter()
-            .map(|(row, key)| Part::Key {
-                key: KeyRef {
-                    key: key.clone(),
-                    row,
-                },
-                after: None,
-                rows: RUN,
-            }),
+            .map(|(row, key)| freed_part(key, row, ahead, crowded)),
     );
     parts
+}
+
+/// The part that reads `key`, freed by `row`: where the store reads freed keys so
+/// ([`ReadAhead::freeing_from_ahead`]), the rows read ahead right behind `row` by id, a run of
+/// them, where a claim read them behind it (the row finished since; they are the
+/// key's next unfinished rows, and the claim statement checks each as any) and they make a
+/// whole run, or any of them for a `crowded` claim; else the key's first unfinished rows
+/// through its index, a whole run. A crowded claim takes a key's first row and seldom more,
+/// and each such row frees its key: read from its first row every time, each such claim read
+/// a run of every key for the one row it took (docs/design.md, "Ordering keys: rows read
+/// ahead"). Otherwise a key takes a run, which a few rows left ahead would cut short.
+fn freed_part(key: &str, row: i64, ahead: &ReadAhead, crowded: bool) -> Part {
+    let key_ref = KeyRef {
+        key: key.to_string(),
+        row,
+    };
+    let enough = |n: usize| n > 0 && (crowded || n >= RUN as usize);
+    match ahead.keys.get(key) {
+        Some(a) if ahead.on && ahead.freed_from_ahead && a.after == row && enough(a.rows.len()) => {
+            let (ids, more) = a.rows.split_at((RUN as usize).min(a.rows.len()));
+            Part::Known {
+                key: key_ref,
+                after: row,
+                ids: ids.to_vec(),
+                more: more.to_vec(),
+            }
+        }
+        _ => Part::Key {
+            key: key_ref,
+            after: None,
+            rows: RUN,
+        },
+    }
 }
 
 /// Keeps of `tails` those among the `room` keys that moved longest ago, by their last row

@@ -133,6 +133,16 @@ pub trait ClaimSql: Send + Sync {
         None
     }
 
+    /// Whether a freed key is read from the rows read ahead behind the row that freed it, by
+    /// id, where a claim read them, rather than from its first unfinished row through its
+    /// index (docs/design.md, "Ordering keys: rows read ahead"). By default not: where the
+    /// keys are read at once ([`ClaimSql::keys_at_once`]) a key costs the read little, and
+    /// its runs are whole; where each key is a member of its own, the rows by id of every key
+    /// are one member.
+    fn freed_keys_from_rows_ahead(&self) -> bool {
+        false
+    }
+
     /// Where claims read ahead: whether head `a` is also its key's last unfinished row, a
     /// condition costing an index step (a key read as empty behind it is then not read
     /// behind it while it is in flight: docs/design.md, "Ordering keys: keys read as empty").
@@ -247,8 +257,8 @@ pub struct Claims {
 impl Claims {
     pub fn new(sql: Box<dyn ClaimSql>) -> Claims {
         Claims {
+            cursors: Cursors::reading_ahead(sql.freed_keys_from_rows_ahead()),
             sql,
-            cursors: Cursors::reading_ahead(),
             windows: WindowsAhead::default(),
         }
     }

@@ -58,6 +58,12 @@ impl ClaimSql for MySql {
         q.one_of_ids(self, e, ids);
     }
 
+    /// Each key's read is a member of the read's own; the rows read ahead of every freed key
+    /// are one member by id (docs/design.md, "Ordering keys: rows read ahead").
+    fn freed_keys_from_rows_ahead(&self) -> bool {
+        true
+    }
+
     fn key_rows(&self, db: &Db, key: &KeyRef, after: Option<i64>, rows: u32) -> Sql {
         let (t, id) = (db.table(), &db.cols().id);
         let mut q = Sql::new(&format!(

@@ -62,11 +62,11 @@ fn a_key_known_empty_is_read_again_only_when_its_row_comes_back() {
         }],
         ..Choice::default()
     };
-    let c = Cursors::reading_ahead();
+    let c = Cursors::reading_ahead(false);
     c.claimed(&alone, &[row(5)], true);
     c.completed(&[delivered(5)]);
     assert!(keys_read(&c).is_empty());
-    let c = Cursors::reading_ahead();
+    let c = Cursors::reading_ahead(false);
     c.claimed(&alone, &[row(5)], true);
     let back = Completion {
         resolution: Resolution::Release {
@@ -84,7 +84,7 @@ fn a_key_known_empty_is_read_again_only_when_its_row_comes_back() {
 /// the next claim reads the key again rather than leaving it to the next full walk.
 #[test]
 fn a_key_freed_while_a_claim_ran_stays_freed() {
-    let c = Cursors::reading_ahead();
+    let c = Cursors::reading_ahead(false);
     c.claimed(&Choice::default(), &[row(1), row(2)], true);
     c.completed(&[delivered(1)]);
     let read = keys_read(&c);
@@ -114,7 +114,7 @@ fn a_key_freed_while_a_claim_ran_stays_freed() {
 /// reads the key again; a claim that got them uses it up.
 #[test]
 fn a_freeing_whose_chosen_rows_were_not_got_stays() {
-    let c = Cursors::reading_ahead();
+    let c = Cursors::reading_ahead(false);
     c.claimed(&Choice::default(), &[row(1)], true);
     c.completed(&[delivered(1)]);
     let read = keys_read(&c);

@@ -345,3 +345,95 @@ fn a_crowded_claim_reads_the_keys_that_moved_longest_ago_within_the_keyed_share(
     assert_eq!(read(true), want);
     assert_eq!(read(false).len(), 40);
 }
+
+/// A freed key whose next rows a claim read ahead behind the very row that freed it (the
+/// key's last row taken, since finished) is read from those rows by id, a run of them, and a
+/// leader's claim takes them as read; freed by another row (a later one finished, or the
+/// rows ahead were read behind an earlier tail), it is read from its first row. Fewer rows
+/// ahead than a run are read by id only by a crowded claim (which takes a key's first row and
+/// seldom more); another reads a whole run from the key's first row.
+#[test]
+fn a_freed_key_is_read_from_the_rows_read_ahead_behind_the_row_that_freed_it() {
+    let cand = |id: i64| Candidate {
+        id,
+        channel: Some("hook".into()),
+        key: Some("k".into()),
+        free: true,
+        head: true,
+        last: false,
+    };
+    // A claim read key `k` from behind tail 10 and took 11 and 12; rows 13 to 40 were read
+    // ahead of it.
+    let mut ahead = ReadAhead::on().freeing_from_ahead(true);
+    let read = Part::Key {
+        key: KeyRef {
+            key: "k".into(),
+            row: 10,
+        },
+        after: Some(10),
+        rows: 32,
+    };
+    ahead.saw(&[(read, (11..=40).map(cand).collect())]);
+    let mut choice = took_two_of_four();
+    choice.ahead[0].rows = (13..=40).collect();
+    ahead.learn(&choice, &[row(11), row(12)]);
+    let freed_by = |row: i64| -> Vec<Part> {
+        let freed = BTreeMap::from([("k".to_string(), row)]);
+        key_parts(&fixtures::request(), &freed, &ahead, Instant::now(), false)
+    };
+    // Row 12 finished: the key's next rows are 13 and on, read by id, a run of them.
+    let parts = freed_by(12);
+    let Some(Part::Known {
+        key,
+        after,
+        ids,
+        more,
+    }) = parts.first()
+    else {
+        panic!("{parts:?}");
+    };
+    assert_eq!((key.row, *after), (12, 12));
+    assert_eq!(ids, &(13..13 + i64::from(RUN)).collect::<Vec<_>>());
+    assert_eq!(more, &(13 + i64::from(RUN)..=40).collect::<Vec<_>>());
+    let as_read = ahead.as_read(&parts, Instant::now()).expect("fresh rows");
+    assert_eq!(as_read[0].1.len(), RUN as usize);
+    // Freed by row 11 (given back, say, or the rows ahead are not right behind it): the
+    // key's first unfinished rows through its index.
+    assert!(matches!(
+        freed_by(11).first(),
+        Some(Part::Key { after: None, .. })
+    ));
+    // Without reading ahead, or without reading freed keys so, a freed key is always read
+    // from its first row.
+    let freed = BTreeMap::from([("k".to_string(), 12)]);
+    let mut not_freeing = ReadAhead::on();
+    not_freeing.learn(&choice, &[row(11), row(12)]);
+    for other in [&ReadAhead::default(), &not_freeing] {
+        let parts = key_parts(&fixtures::request(), &freed, other, Instant::now(), true);
+        assert!(matches!(parts.first(), Some(Part::Key { after: None, .. })));
+    }
+    // Three rows ahead: by id for a crowded claim, a run from the first row for another.
+    let mut choice = took_two_of_four();
+    choice.ahead[0].rows = vec![13, 14, 15];
+    ahead.learn(&choice, &[row(11), row(12)]);
+    let read = |crowded: bool| -> Part {
+        let freed = BTreeMap::from([("k".to_string(), 12)]);
+        key_parts(
+            &fixtures::request(),
+            &freed,
+            &ahead,
+            Instant::now(),
+            crowded,
+        )[0]
+        .clone()
+    };
+    assert!(matches!(read(true), Part::Known { ids, .. } if ids == [13, 14, 15]));
+    assert!(matches!(
+        read(false),
+        Part::Key {
+            after: None,
+            rows: RUN,
+            ..
+        }
+    ));
+}
