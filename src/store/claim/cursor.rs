@@ -28,7 +28,7 @@
 //!
 //! The state is per store, and so per relay loop: in claim mode each instance keeps its own.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -52,6 +52,9 @@ const FREED_REMEMBERED: usize = 10_000;
 /// How many keys in flight a read passes without a head look-up (each is a bound value of
 /// every window of the read; MySQL takes at most 65,535 in a statement).
 const BUSY_KEYS: usize = 1_024;
+/// How many keys a read passes when, beyond [`BUSY_KEYS`], they are freed keys that came back
+/// (see [`State::busy_keys`]).
+const BUSY_KEYS_RETURNING: usize = 4_096;
 /// How long a floor learnt from a window that reached a channel's newest row waits before it
 /// is used. Ids are handed out when rows are inserted, not when their transactions commit, so
 /// a row with a lower id can still appear after a claim read: a floor is used only once
@@ -89,6 +92,9 @@ struct State {
     in_flight: HashMap<i64, (String, Option<String>)>,
     /// Keys whose next rows may be claimable (key -> a row of it).
     freed: BTreeMap<String, i64>,
+    /// Freed keys that came back: freed again, or a claim got a row of theirs through their
+    /// freeing (at most [`FREED_REMEMBERED`]).
+    returning: HashSet<String>,
     /// Per key with rows in flight, its next rows a claim read and did not take.
     ahead: ReadAhead,
     due: BTreeMap<Instant, Vec<Due>>,
@@ -107,6 +113,7 @@ impl Default for State {
             channels: HashMap::new(),
             in_flight: HashMap::new(),
             freed: BTreeMap::new(),
+            returning: HashSet::new(),
             ahead: ReadAhead::default(),
             due: BTreeMap::new(),
             last_full_walk: None,
@@ -168,16 +175,36 @@ impl State {
     /// them through their own parts, the keys that moved longest ago first, within the keyed
     /// share, and its windows must not take their heads past that share (docs/design.md,
     /// "Ordering keys: a keyed share"); each stays freed until a claim gets its head.
+    ///
+    /// Beyond [`BUSY_KEYS`], up to [`BUSY_KEYS_RETURNING`] with the freed keys that came back
+    /// (a key of many rows, among more than [`BUSY_KEYS`] keys), not with those freed once (a
+    /// key per row, whose freed keys mostly have no row left, and passing them cost every
+    /// window a longer list; docs/design.md, "Ordering keys: a keyed share").
     fn busy_keys(&self) -> Vec<String> {
-        let freed = self.crowded.then(|| self.freed.keys().cloned());
         let mut keys: Vec<String> = (self.in_flight.values())
             .filter_map(|(_, key)| key.clone())
-            .chain(freed.into_iter().flatten())
             .collect();
         keys.sort_unstable();
         keys.dedup();
         keys.truncate(BUSY_KEYS);
+        if self.crowded {
+            let (returning, once): (Vec<&String>, Vec<&String>) =
+                (self.freed.keys()).partition(|k| self.returning.contains(k.as_str()));
+            let room = BUSY_KEYS_RETURNING.saturating_sub(keys.len());
+            keys.extend(returning.into_iter().take(room).cloned());
+            let room = BUSY_KEYS.saturating_sub(keys.len());
+            keys.extend(once.into_iter().take(room).cloned());
+            keys.sort_unstable();
+            keys.dedup();
+        }
         keys
+    }
+
+    /// Remembers `key` as a freed key that came back (see [`State::busy_keys`]).
+    fn came_back(&mut self, key: &str) {
+        if self.returning.len() < FREED_REMEMBERED && !self.returning.contains(key) {
+            self.returning.insert(key.to_string());
+        }
     }
 
     /// Serves what came due by `now`: keys are freed, floors lowered.
@@ -198,6 +225,9 @@ impl State {
     }
 
     fn free(&mut self, k: KeyRef) {
+        if self.freed.contains_key(&k.key) {
+            self.came_back(&k.key);
+        }
         if self.freed.len() < FREED_REMEMBERED || self.freed.contains_key(&k.key) {
             self.freed.insert(k.key, k.row);
         }
@@ -269,8 +299,14 @@ impl State {
             self.ahead.forget_beyond(req, now);
             // A key freed by the tail it was read as empty behind has nothing to read.
             let ahead = &self.ahead;
-            self.freed
-                .retain(|key, row| !ahead.empty_behind(key, *row, now));
+            let returning = &mut self.returning;
+            self.freed.retain(|key, row| {
+                let empty = ahead.empty_behind(key, *row, now);
+                if empty {
+                    returning.remove(key);
+                }
+                !empty
+            });
             parts.extend(key_parts(req, &self.freed, &self.ahead, now, self.crowded));
         }
         match &req.budgets {
@@ -391,6 +427,10 @@ impl Cursors {
             };
             if used && s.freed.get(&key.key) == Some(&key.row) {
                 s.freed.remove(&key.key);
+                // A row of it after the one that freed it: the key came back.
+                if matches!(fate, KeyFate::Taken) {
+                    s.came_back(&key.key);
+                }
             }
         }
         s.ahead.learn(choice, claimed);

@@ -127,3 +127,34 @@ fn a_freeing_whose_chosen_rows_were_not_got_stays() {
     c.claimed(&chose, &[row(2)], true);
     assert!(keys_read(&c).is_empty(), "got its row: the freeing is used");
 }
+
+/// After a crowded claim the plan names the freed keys too: among more than [`BUSY_KEYS`]
+/// keys, those freed once only up to [`BUSY_KEYS`] (a key per row: they mostly have no row
+/// left), those that came back (freed again) up to [`BUSY_KEYS_RETURNING`].
+#[test]
+fn a_crowded_plan_names_the_freed_keys_that_came_back_beyond_the_others() {
+    let c = Cursors::default();
+    let keyed = |i: i64, from: i64| ClaimedRow {
+        ordering_key: Some(format!("w{i}")),
+        ..row(from + i)
+    };
+    let crowded = Choice {
+        crowded: true,
+        ..Choice::default()
+    };
+    let round = |from: i64| {
+        let rows: Vec<ClaimedRow> = (0..3_000).map(|i| keyed(i, from)).collect();
+        c.claimed(&Choice::default(), &rows, true);
+        let done: Vec<Completion> = rows.iter().map(|r| delivered(r.delivery.id)).collect();
+        c.completed(&done);
+        c.claimed(&crowded, &[], true);
+    };
+    round(10);
+    assert_eq!(c.plan(&request()).busy.len(), BUSY_KEYS, "freed once");
+    // Each key's next row, taken by a window (its freeing not used), finishes: freed again.
+    round(10_000);
+    assert_eq!(c.plan(&request()).busy.len(), 3_000, "came back");
+    // Not crowded: the keys in flight only.
+    c.claimed(&Choice::default(), &[], true);
+    assert!(c.plan(&request()).busy.is_empty());
+}
