@@ -17,6 +17,9 @@ use crate::store::db::Db;
 use crate::store::sql::Sql;
 use crate::store::sql::decode::is_bytes;
 
+/// The most ordering keys the windows of one read pass together (see [`statement`]).
+const PASSED_KEYS: usize = 16_384;
+
 /// The read of `parts`: one `UNION ALL` of a `SELECT` per part, each row tagged with its
 /// part's index; where the database reads several keys at once
 /// ([`ClaimSql::keys_at_once`]), the key parts are one member. A window that is not a full
@@ -25,6 +28,13 @@ use crate::store::sql::decode::is_bytes;
 /// a window passes are such rows, and the look-up was most of its cost (docs/design.md,
 /// "Ordering keys: windows past keys in flight").
 pub fn statement(db: &Db, sql: &dyn ClaimSql, parts: &[Part], busy: &[String], by_id: bool) -> Sql {
+    // Each window that passes the busy keys binds the whole list: a few channels' windows of
+    // thousands of keys would outgrow a prepared statement's values (MySQL takes 65,535). Any
+    // of the keys will do (a row of a key left out is looked up).
+    let passing = (parts.iter())
+        .filter(|p| matches!(p, Part::Window { sweep: false, .. }))
+        .count();
+    let busy = &busy[..busy.len().min(PASSED_KEYS / passing.max(1))];
     let keys: Vec<KeyRead> = parts
         .iter()
         .enumerate()
