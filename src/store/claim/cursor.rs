@@ -93,7 +93,7 @@ struct State {
     /// Keys whose next rows may be claimable (key -> a row of it).
     freed: BTreeMap<String, i64>,
     /// Freed keys that came back: freed again, or a claim got a row of theirs through their
-    /// freeing (at most [`FREED_REMEMBERED`]).
+    /// freeing (at most [`FREED_REMEMBERED`]; see [`State::came_back`]).
     returning: HashSet<String>,
     /// Per key with rows in flight, its next rows a claim read and did not take.
     ahead: ReadAhead,
@@ -200,9 +200,14 @@ impl State {
         keys
     }
 
-    /// Remembers `key` as a freed key that came back (see [`State::busy_keys`]).
+    /// Remembers `key` as a freed key that came back (see [`State::busy_keys`]). Full, the
+    /// set starts over rather than stop learning: over a relay's life keys long gone would
+    /// fill it for good.
     fn came_back(&mut self, key: &str) {
-        if self.returning.len() < FREED_REMEMBERED && !self.returning.contains(key) {
+        if self.returning.len() >= FREED_REMEMBERED {
+            self.returning.clear();
+        }
+        if !self.returning.contains(key) {
             self.returning.insert(key.to_string());
         }
     }
@@ -225,10 +230,11 @@ impl State {
     }
 
     fn free(&mut self, k: KeyRef) {
-        if self.freed.contains_key(&k.key) {
+        let known = self.freed.contains_key(&k.key);
+        if known {
             self.came_back(&k.key);
         }
-        if self.freed.len() < FREED_REMEMBERED || self.freed.contains_key(&k.key) {
+        if known || self.freed.len() < FREED_REMEMBERED {
             self.freed.insert(k.key, k.row);
         }
     }
