@@ -130,11 +130,12 @@ struct KeyRun<'a> {
     open: bool,
 }
 
-/// A channel's keyed share is this part of its budget (an eighth): the keys' first rows a
-/// claim takes before its oldest windows (docs/design.md, "Ordering keys: a keyed share").
-pub const KEYED_SHARE: u32 = 8;
+/// A channel's keyed share is this part of its budget (a sixteenth): the keys' first rows a
+/// claim takes before its oldest windows while unkeyed rows wait (docs/design.md, "Ordering
+/// keys: a keyed share", which says why not an eighth).
+pub const KEYED_SHARE: u32 = 16;
 
-/// The keyed share of a channel's budget of `total` rows: an eighth, at least one.
+/// The keyed share of a channel's budget of `total` rows: a sixteenth, at least one.
 pub fn keyed_share(total: u32) -> u32 {
     (total / KEYED_SHARE).max(1)
 }

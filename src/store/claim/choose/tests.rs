@@ -137,8 +137,8 @@ fn keys_first_rows_up_to_their_share_come_before_a_window_and_the_rest_after_it(
     assert_eq!(c.ids, [1, 20, 21, 22, 23, 2, 3, 4]);
     assert_eq!(c.runs, [vec![1, 3], vec![2, 4]]);
     assert_eq!(c.seen[0].took, 4);
-    // Budget for sixteen, a keyed share of two: both keys' first rows before the window.
-    let c = choose(&found, &budget(16, 0), 8);
+    // Budget for 32, a keyed share of two: both keys' first rows before the window.
+    let c = choose(&found, &budget(32, 0), 8);
     assert_eq!(&c.ids[..6], [1, 2, 20, 21, 22, 23]);
     // Budget for three: the keyed share, then the window's oldest; no run grows, and the
     // other key waits for the next claim.
@@ -153,8 +153,8 @@ fn keys_first_rows_up_to_their_share_come_before_a_window_and_the_rest_after_it(
 
 #[test]
 fn a_keyed_backlog_leaves_the_unkeyed_rows_among_it_all_but_its_share() {
-    // 40 keys in flight, each with rows behind its tail, and a window of 64 unkeyed rows
-    // as old: a budget of 64 goes 8 to keys (the oldest rows first, tails or not) and 56 to
+    // 40 keys in flight, each with rows behind its tail, and a window of 128 unkeyed rows
+    // as old: a budget of 128 goes 8 to keys (the oldest rows first, tails or not) and 120 to
     // the window.
     let mut found: Vec<(Part, Vec<Candidate>)> = (0..40)
         .map(|k| {
@@ -164,16 +164,16 @@ fn a_keyed_backlog_leaves_the_unkeyed_rows_among_it_all_but_its_share() {
             (key_part(&name, first - 1, Some(first - 1)), rows)
         })
         .collect();
-    let unkeyed: Vec<Candidate> = (1..=64).map(|id| row(id, None, true, true)).collect();
-    found.push((window(None, 64), unkeyed));
-    let c = choose(&found, &budget(64, 0), 8);
+    let unkeyed: Vec<Candidate> = (1..=128).map(|id| row(id, None, true, true)).collect();
+    found.push((window(None, 128), unkeyed));
+    let c = choose(&found, &budget(128, 0), 8);
     let firsts: Vec<i64> = (0..8).map(|n| 1010 + 10 * n).collect();
     assert_eq!(
         c.ids[..8],
         firsts,
         "the keyed share goes to the oldest rows"
     );
-    assert_eq!(c.ids[8..], (1..=56).collect::<Vec<i64>>());
+    assert_eq!(c.ids[8..], (1..=120).collect::<Vec<i64>>());
     assert!(c.runs.is_empty());
     let deferred = (c.keys.iter())
         .filter(|(_, f)| *f == KeyFate::Deferred)

@@ -310,9 +310,9 @@ fn freed_keys_are_read_oldest_first_after_the_tails() {
 #[test]
 fn a_crowded_claim_reads_the_keys_that_moved_longest_ago_within_the_keyed_share() {
     let mut req = fixtures::request();
-    // A budget of 80: a keyed share of 10.
+    // A budget of 160: a keyed share of 10.
     req.budgets = Some(crate::store::model::Budgets {
-        channels: vec![("hook".into(), 80)],
+        channels: vec![("hook".into(), 160)],
         others: None,
     });
     // Tails claimed up to rows 100, 200, ... 2,000, offered newest first; keys freed by rows
