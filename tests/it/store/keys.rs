@@ -356,7 +356,7 @@ async fn keys_of_any_text_are_claimed_in_order(db: Db) {
 
 per_db!(many_keys_leave_the_unkeyed_rows_among_them_all_but_their_share);
 /// Unkeyed rows mixed one for one into 40 keys of three rows (docs/design.md, "Ordering keys: a
-/// keyed share"): once every key is known, each claim of 16 while unkeyed rows wait takes no
+/// keyed share"): once every key is known, each claim of 32 while unkeyed rows wait takes no
 /// more keyed rows than its keyed share (two), however many keys it freed, and its windows pass
 /// the freed keys' rows; then the keys drain. Every row is claimed once, each key's in id
 /// order.
@@ -381,13 +381,13 @@ async fn many_keys_leave_the_unkeyed_rows_among_them_all_but_their_share(db: Db)
         let known = (claimed.iter().filter_map(|r| r.ordering_key.as_ref()))
             .collect::<std::collections::HashSet<_>>()
             .len();
-        let req = hook_request(16, "a");
+        let req = hook_request(32, "a");
         let got = bounded("claim", store.claim(&req)).await;
         if got.is_empty() {
             break;
         }
         let took_keyed = got.iter().filter(|r| r.ordering_key.is_some()).count();
-        if known == 40 && waiting >= 16 {
+        if known == 40 && waiting >= 32 {
             assert!(
                 took_keyed <= 2,
                 "claim {claims}: {took_keyed} keyed rows while {waiting} unkeyed rows wait"
