@@ -60,6 +60,9 @@ pub struct Seen {
     pub took: usize,
     /// Of those, rows without an ordering key.
     pub unkeyed: usize,
+    /// It read rows without an ordering key, claimable or not (another claimer's, or waiting
+    /// for a retry).
+    pub saw_unkeyed: bool,
     /// Rows it asked for.
     pub asked: u32,
     /// It read all the rows it asked for, every one settled, and its channel still has
@@ -202,8 +205,9 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
             _ => {}
         }
     }
-    // What the oldest windows left: a window that took unkeyed rows reads on into it, since
-    // the next window's unkeyed rows go before the keys' rows that would take it now.
+    // What the oldest windows left: a window that read unkeyed rows reads on into it, since
+    // the next window's unkeyed rows go before the keys' rows that would take it now (and
+    // where another claimer holds those it read, the free ones are likely right behind).
     let after_windows: Vec<u32> = c.choice.seen.iter().map(|s| c.room(&s.channel)).collect();
     let mut oldest = (c.choice.seen.iter().zip(&after_windows)).filter(|(s, _)| !s.sweep);
     c.choice.crowded = oldest.clone().any(|(s, _)| s.unkeyed > 0) && oldest.all(|(_, r)| *r == 0);
@@ -222,7 +226,7 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
     }
     let rooms: Vec<u32> = (c.choice.seen.iter().zip(after_windows))
         .map(|(s, after)| {
-            if s.unkeyed > 0 {
+            if s.saw_unkeyed {
                 after
             } else {
                 c.room(&s.channel)
@@ -237,8 +241,9 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
 }
 
 /// Per channel, how many keys' first rows go before its oldest windows: its keyed share where
-/// those windows found claimable unkeyed rows (the keys yield to them beyond it), all of them
-/// where they found none.
+/// those windows found unkeyed rows (the keys yield to them beyond it), all of them where they
+/// found none. Unkeyed rows another claimer holds count: the claim reads on past them for the
+/// free ones behind (docs/design.md, "Ordering keys: a keyed share among claimers").
 fn keyed_shares(found: &[(Part, Vec<Candidate>)], budgets: &[Budget]) -> Fast<String, u32> {
     let unkeyed = |channel: &str| {
         found.iter().any(|(part, rows)| match part {
@@ -246,7 +251,7 @@ fn keyed_shares(found: &[(Part, Vec<Candidate>)], budgets: &[Budget]) -> Fast<St
                 channel: c,
                 newest: false,
                 ..
-            } if c == channel => rows.iter().any(|r| r.key.is_none() && r.claimable()),
+            } if c == channel => rows.iter().any(|r| r.key.is_none()),
             _ => false,
         })
     };
@@ -449,6 +454,7 @@ impl Chooser {
             sweep,
             took,
             unkeyed,
+            saw_unkeyed: rows.iter().any(|r| r.key.is_none()),
             asked,
             // Decided once every part is chosen from (see `choose`).
             wants_more: open && !reached_end && !sweep,

@@ -396,21 +396,93 @@ async fn many_keys_leave_the_unkeyed_rows_among_them_all_but_their_share(db: Db)
         deliver(&td, &req, &got).await;
         claimed.extend(got);
     }
-    let mut got: Vec<i64> = ids(&claimed);
+    claimed_once_in_key_order(&claimed, &keyed, &unkeyed);
+    td.drop_table().await;
+}
+
+/// Every row of `keyed` (key, id) and `unkeyed` is in `claimed` once, and nothing else is;
+/// each key's rows were claimed in id order.
+fn claimed_once_in_key_order(claimed: &[ClaimedRow], keyed: &[(String, i64)], unkeyed: &[i64]) {
+    let mut got: Vec<i64> = ids(claimed);
     got.sort_unstable();
-    let mut all: Vec<i64> = keyed.iter().map(|(_, id)| *id).chain(unkeyed).collect();
+    let mut all: Vec<i64> = (keyed.iter().map(|(_, id)| *id))
+        .chain(unkeyed.iter().copied())
+        .collect();
     all.sort_unstable();
     assert_eq!(got, all, "every row claimed once");
-    for k in 0..40 {
-        let key = format!("k{k}");
+    let keys: HashSet<&String> = keyed.iter().map(|(k, _)| k).collect();
+    for key in keys {
         let order: Vec<i64> = (claimed.iter())
-            .filter(|r| r.ordering_key.as_deref() == Some(key.as_str()))
+            .filter(|r| r.ordering_key.as_ref() == Some(key))
             .map(|r| r.delivery.id)
             .collect();
-        let want: Vec<i64> = (keyed.iter().filter(|(k, _)| *k == key))
+        let want: Vec<i64> = (keyed.iter().filter(|(k, _)| k == key))
             .map(|(_, id)| *id)
             .collect();
         assert_eq!(order, want, "{key} in id order");
     }
+}
+
+per_db!(unkeyed_rows_another_claimer_holds_leave_the_keys_their_share);
+/// Claim mode (docs/design.md, "Ordering keys: a keyed share among claimers"): another claimer
+/// holds the 128 unkeyed rows right behind 20 keys this store freed, and 64 free unkeyed rows
+/// wait behind those. A claim of 32 takes the keys' first rows up to the keyed share (two) and
+/// reads on past the held rows for the free ones, instead of giving the keys the whole budget
+/// because its first window found no free unkeyed row. Then the rest drains, each key in id
+/// order, and none of the other claimer's rows is taken.
+async fn unkeyed_rows_another_claimer_holds_leave_the_keys_their_share(db: Db) {
+    let Some(td) = TestDb::open(db, "st_share_held").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let mut keyed: Vec<(String, i64)> = Vec::new();
+    for _ in 0..4 {
+        for k in 0..20 {
+            let key = format!("k{k}");
+            keyed.push((key.clone(), td.enqueue("hook", "{}", Some(&key)).await));
+        }
+    }
+    let req = hook_request(20, "a");
+    let heads = bounded("claim", store.claim(&req)).await;
+    assert_eq!(
+        ids(&heads),
+        (keyed[..20].iter().map(|(_, id)| *id)).collect::<Vec<_>>()
+    );
+    let held: Vec<i64> = td.enqueue_n("hook", "{}", 128).await;
+    let other = SqlStore::connect(&td.url, &td.table, 2, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let other_req = hook_request(128, "b");
+    let got = bounded("the other claim", other.claim(&other_req)).await;
+    assert_eq!(ids(&got), held, "the other claimer holds the unkeyed rows");
+    deliver(&td, &req, &heads).await;
+    let free: Vec<i64> = td.enqueue_n("hook", "{}", 64).await;
+    let req = hook_request(32, "a");
+    let got = bounded("claim", store.claim(&req)).await;
+    let firsts = [keyed[20].1, keyed[21].1];
+    assert_eq!(
+        ids(&got[..2]),
+        firsts,
+        "the keyed share, the oldest keys first"
+    );
+    assert_eq!(
+        ids(&got[2..]),
+        free[..30],
+        "then the free unkeyed rows behind the held ones"
+    );
+    deliver(&td, &req, &got).await;
+    let mut claimed: Vec<ClaimedRow> = heads.into_iter().chain(got).collect();
+    for claims in 1.. {
+        assert!(claims < 50, "the table did not drain");
+        let req = hook_request(32, "a");
+        let got = bounded("claim", store.claim(&req)).await;
+        if got.is_empty() {
+            break;
+        }
+        deliver(&td, &req, &got).await;
+        claimed.extend(got);
+    }
+    // None of the held rows.
+    claimed_once_in_key_order(&claimed, &keyed, &free);
     td.drop_table().await;
 }

@@ -350,3 +350,49 @@ fn without_unkeyed_rows_in_the_windows_every_keys_first_row_comes_first() {
     assert_eq!(c.ids, [5, 1, 2, 3]);
     assert!(c.crowded, "it did, and left no room");
 }
+
+#[test]
+fn unkeyed_rows_another_claimer_holds_keep_the_keys_to_their_share_and_the_window_reading_on() {
+    // Another claimer holds the window's unkeyed rows (not free) among rows of keys it has
+    // in flight (not heads); 20 keys of this claimer's wait with runs behind their tails.
+    let mut found: Vec<(Part, Vec<Candidate>)> = (0..20)
+        .map(|k| {
+            let first = 1000 + 10 * k;
+            let name = format!("k{k}");
+            let rows = keyed(&name, &[first, first + 1, first + 2]);
+            (key_part(&name, first - 1, Some(first - 1)), rows)
+        })
+        .collect();
+    let held: Vec<Candidate> = (1..=64)
+        .map(|id| match id % 2 {
+            0 => row(id, None, false, true),
+            _ => row(id, Some("other"), false, false),
+        })
+        .collect();
+    found.push((window(None, 64), held));
+    // A budget of 48: the keyed share (three) before the window, which takes nothing; the
+    // window still reads on into the room the windows left, not the room the keys' rows
+    // after it left.
+    let c = choose(&found, &budget(48, 0), 8);
+    assert_eq!(c.ids[..3], [1000, 1010, 1020]);
+    assert_eq!(c.ids.len(), 48, "the keys take the rest after the window");
+    assert_eq!((c.seen[0].took, c.seen[0].room), (0, 45));
+    assert!(c.seen[0].wants_more);
+    assert_eq!(super::super::read_on(&c), [window(Some(64), 90)]);
+    // Read on: free unkeyed rows behind them go before the keys' other rows.
+    let free: Vec<Candidate> = (65..=154).map(|id| row(id, None, true, true)).collect();
+    found.push((window(Some(64), 90), free));
+    let c = choose(&found, &budget(48, 0), 8);
+    assert_eq!(c.ids[..3], [1000, 1010, 1020]);
+    assert_eq!(c.ids[3..], (65..=109).collect::<Vec<i64>>());
+    // Without any unkeyed row in the window, the keys take their first rows first, and the
+    // window does not read on for them.
+    found.pop();
+    found[20].1.retain(|r| r.key.is_some());
+    let c = choose(&found, &budget(48, 0), 8);
+    assert_eq!(
+        c.ids[..20],
+        (0..20).map(|k| 1000 + 10 * k).collect::<Vec<i64>>()
+    );
+    assert_eq!(c.seen[0].room, 0);
+}
