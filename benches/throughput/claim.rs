@@ -1,5 +1,5 @@
 //! The claim section: 1, 2 and 3 relays in claim mode on one table, with and without
-//! ordering keys.
+//! ordering keys, and unkeyed rows mixed into a keyed backlog.
 
 use super::*;
 
@@ -36,14 +36,24 @@ pub(crate) struct ClaimRun {
     /// backs off for at least 500ms), sampled every few milliseconds.
     pub(crate) claim_failures: u64,
     pub(crate) cpu: Option<CpuShares>,
+    /// With unkeyed rows mixed in: their rate, and the keyed rows sent before the last one.
+    pub(crate) mixed: Option<Mixed>,
+}
+
+/// What a run of unkeyed rows mixed one for one into a keyed backlog measured besides its
+/// rows/s (see [`unkeyed_rate`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mixed {
+    pub(crate) unkeyed_per_sec: f64,
+    pub(crate) keyed_meanwhile: i64,
 }
 
 impl ClaimRun {
     pub(crate) fn label(&self) -> String {
-        let keys = if self.keys == 0 {
-            "unkeyed".to_string()
-        } else {
-            format!("{} keys", self.keys)
+        let keys = match (self.keys, self.mixed) {
+            (0, _) => "unkeyed".to_string(),
+            (k, Some(_)) => format!("unkeyed among {k} keys"),
+            (k, None) => format!("{k} keys"),
         };
         let poll = self
             .poll_interval
@@ -74,6 +84,8 @@ pub(crate) struct ClaimSetup {
     pub(crate) poll_interval: Option<Duration>,
     /// The receiver answers after `SLOW_REPLY` (20 ms) instead of at once.
     pub(crate) slow: bool,
+    /// With `keys`: every other row has none (unkeyed rows mixed into a keyed backlog).
+    pub(crate) mixed: bool,
 }
 
 impl ClaimSetup {
@@ -83,6 +95,7 @@ impl ClaimSetup {
             keys,
             poll_interval: None,
             slow: false,
+            mixed: false,
         }
     }
 }
@@ -97,7 +110,19 @@ pub(crate) async fn claim_run(
     setup: ClaimSetup,
 ) -> anyhow::Result<ClaimRun> {
     let table = unique_table("claim");
-    let result = claim_run_on(url, &table, receiver, n, setup).await;
+    let mut result = claim_run_on(url, &table, receiver, n, setup).await;
+    if let (true, Ok(run)) = (setup.mixed, &result) {
+        result = match unkeyed_rate(db, url, &table, n, run.rows_per_sec).await {
+            Ok((unkeyed_per_sec, keyed_meanwhile)) => result.map(|run| ClaimRun {
+                mixed: Some(Mixed {
+                    unkeyed_per_sec,
+                    keyed_meanwhile,
+                }),
+                ..run
+            }),
+            Err(e) => Err(e),
+        };
+    }
     let dialect = (db == Db::Postgres).then_some(Dialect::Postgres);
     drop_table(url, &table, dialect).await;
     result
@@ -114,6 +139,7 @@ pub(crate) async fn claim_run_on(
         instances,
         keys,
         poll_interval,
+        mixed,
         ..
     } = setup;
     if instances == 0 || instances > INSTANCE_PATHS.len() {
@@ -126,6 +152,7 @@ pub(crate) async fn claim_run_on(
         true,
         Rows {
             keys,
+            mixed,
             ..Rows::default()
         },
     )
@@ -185,6 +212,7 @@ pub(crate) async fn claim_run_on(
         statements,
         claim_failures: failed_claims.seen,
         cpu,
+        mixed: None,
     })
 }
 
@@ -278,7 +306,8 @@ pub(crate) struct ClaimSection {
     pub(crate) db: Db,
     /// Unkeyed runs by instance count (1, 2, 3; a failed run is missing).
     pub(crate) scaling: Vec<ClaimRun>,
-    /// The same on rows with ordering keys (1 and 3 instances).
+    /// The same on rows with ordering keys (1 and 3 instances), then unkeyed rows mixed one
+    /// for one into them (2 and 3 instances).
     pub(crate) keyed: Vec<ClaimRun>,
     /// Unkeyed, 1 and 3 instances, against a receiver answering after 20 ms.
     pub(crate) slow: Vec<ClaimRun>,
@@ -289,6 +318,14 @@ pub(crate) struct ClaimSection {
 impl ClaimSection {
     pub(crate) fn unkeyed(&self, instances: usize) -> Option<&ClaimRun> {
         self.scaling.iter().find(|r| r.instances == instances)
+    }
+
+    /// The mixed run of `instances`: its unkeyed rows' rate against the unkeyed run of as
+    /// many instances, and the keyed rows sent before its last unkeyed one.
+    pub(crate) fn mixed(&self, instances: usize) -> Option<(f64, i64)> {
+        let r = (self.keyed.iter()).find(|r| r.instances == instances && r.mixed.is_some())?;
+        let (m, b) = r.mixed.zip(self.unkeyed(instances))?;
+        (b.rows_per_sec > 0.0).then(|| (m.unkeyed_per_sec / b.rows_per_sec, m.keyed_meanwhile))
     }
 }
 
@@ -309,8 +346,20 @@ pub(crate) fn print_claim(db: Db, r: &ClaimRun, base: Option<&ClaimRun>) {
             format!("  {:.2}x {of}", r.rows_per_sec / b.rows_per_sec)
         })
         .unwrap_or_default();
+    let mixed = (r.mixed.zip(base))
+        .filter(|(_, b)| b.rows_per_sec > 0.0)
+        .map(|(m, b)| {
+            format!(
+                "  unkeyed rows {:.0}/s, {:.2}x of {} inst unkeyed, {} keyed rows sent meanwhile",
+                m.unkeyed_per_sec,
+                m.unkeyed_per_sec / b.rows_per_sec,
+                b.instances,
+                m.keyed_meanwhile
+            )
+        })
+        .unwrap_or_default();
     println!(
-        "  {:<8} claim     {:<16} rows {:>6}: {:>6.0} rows/s{}{ratio}  shares {}  statements/row {:.4} ({} stmts)  received {}{failures}{}",
+        "  {:<8} claim     {:<16} rows {:>6}: {:>6.0} rows/s{}{ratio}{mixed}  shares {}  statements/row {:.4} ({} stmts)  received {}{failures}{}",
         db.name(),
         r.label(),
         r.rows,
@@ -399,7 +448,10 @@ async fn slow_runs(s: &mut ClaimSection, url: &str, receiver: &Receiver, rows: u
 
 /// Ordering on: the same runs on keyed rows, then a diagnostic with a short poll interval
 /// (a claim that comes back short, as when most keys' heads are in flight, makes the loop
-/// sleep poll_interval; this shows how much of the cost is that sleep).
+/// sleep poll_interval; this shows how much of the cost is that sleep), then unkeyed rows
+/// mixed one for one into the keyed ones: each instance keeps the keys to their share while
+/// unkeyed rows wait, whatever the others hold (docs/design.md, "Ordering keys: a keyed share
+/// among claimers").
 async fn keyed_runs(s: &mut ClaimSection, url: &str, receiver: &Receiver, rows: usize) {
     let db = s.db;
     let keyed = [
@@ -408,6 +460,14 @@ async fn keyed_runs(s: &mut ClaimSection, url: &str, receiver: &Receiver, rows: 
         ClaimSetup {
             poll_interval: Some(KEYED_DIAGNOSTIC_POLL),
             ..ClaimSetup::new(1, ORDERING_KEYS)
+        },
+        ClaimSetup {
+            mixed: true,
+            ..ClaimSetup::new(2, ORDERING_KEYS)
+        },
+        ClaimSetup {
+            mixed: true,
+            ..ClaimSetup::new(INSTANCE_PATHS.len(), ORDERING_KEYS)
         },
     ];
     for setup in keyed {
@@ -460,14 +520,20 @@ pub(crate) fn print_claim_summary(s: &ClaimSection) -> bool {
             .poll_interval
             .map(|p| format!(" poll {}ms", p.as_millis()))
             .unwrap_or_default();
+        let mixed = r.mixed.map(|_| " mixed").unwrap_or_default();
         line.push_str(&format!(
-            " {} inst{poll} {:.0}",
+            " {} inst{poll}{mixed} {:.0}",
             r.instances, r.rows_per_sec
         ));
         if let Some(b) = s.unkeyed(r.instances).filter(|b| b.rows_per_sec > 0.0) {
             line.push_str(&format!(
                 " ({:.2}x of unkeyed)",
                 r.rows_per_sec / b.rows_per_sec
+            ));
+        }
+        if let (Some(_), Some((x, first))) = (r.mixed, s.mixed(r.instances)) {
+            line.push_str(&format!(
+                " (its unkeyed rows {x:.2}x, {first} keyed rows first)"
             ));
         }
     }

@@ -278,13 +278,10 @@ async fn keyed_run(
                 baseline: None,
             });
         }
-        let (after_last, meanwhile) = after_last_unkeyed(db, url, table).await?;
-        // The run's time less the time from the last unkeyed row's send to the last row's,
-        // both by the database's clock (`sent_at`).
-        let elapsed = (n as f64 / run.rows_per_sec - after_last.max(0.0)).max(1e-6);
+        let (rows_per_sec, meanwhile) = unkeyed_rate(db, url, table, n, run.rows_per_sec).await?;
         Ok(KeyedRun {
             case,
-            rows_per_sec: (n / 2) as f64 / elapsed,
+            rows_per_sec,
             whole_per_sec: run.rows_per_sec,
             run,
             keyed_meanwhile: Some(meanwhile),
@@ -292,6 +289,22 @@ async fn keyed_run(
         })
     })
     .await
+}
+
+/// On a drained mixed table of `n` rows, half of them unkeyed, that drained at
+/// `rows_per_sec`: the unkeyed rows' rate (the run's time less the time from the last unkeyed
+/// row's send to the last row's, both by the database's clock, `sent_at`), and how many keyed
+/// rows were sent by the last unkeyed one.
+pub(crate) async fn unkeyed_rate(
+    db: Db,
+    url: &str,
+    table: &str,
+    n: usize,
+    rows_per_sec: f64,
+) -> anyhow::Result<(f64, i64)> {
+    let (after_last, meanwhile) = after_last_unkeyed(db, url, table).await?;
+    let elapsed = (n as f64 / rows_per_sec - after_last.max(0.0)).max(1e-6);
+    Ok(((n / 2) as f64 / elapsed, meanwhile))
 }
 
 /// On a drained mixed table: the seconds from the last unkeyed row's `sent_at` to the last

@@ -130,13 +130,14 @@ fn print_leader_line(
     );
 }
 
-/// The claim-mode table: rows/s by instances, unkeyed and against a slow receiver.
+/// The claim-mode table: rows/s by instances, unkeyed and against a slow receiver; unkeyed rows
+/// mixed into a keyed backlog, against unkeyed rows alone.
 fn print_claim_table(claims: &[ClaimSection]) {
     println!();
     println!(
-        "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 | receiver answering after 20 ms: 1 instance | 3 instances | 3 / 1 |"
+        "| database, claim mode | 1 instance (rows/s) | 2 instances | 3 instances | 3 / 1 | receiver answering after 20 ms: 1 instance | 3 instances | 3 / 1 | unkeyed rows mixed into 200 keys, x unkeyed alone (keyed rows sent first): 2 instances / 3 instances |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for c in claims {
         let at = |n: usize| c.unkeyed(n).map(|r| r.rows_per_sec);
         let cell = |n: usize| at(n).map_or("-".into(), |v| format!("{v:.0}"));
@@ -155,14 +156,20 @@ fn print_claim_table(claims: &[ClaimSection]) {
             _ => "-".into(),
         };
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        let mixed = |n: usize| {
+            c.mixed(n)
+                .map_or("-".into(), |(x, first)| format!("{x:.2}x ({first})"))
+        };
         println!(
-            "| {} | {} | {} | {} | {ratio} | {} | {} | {slow_ratio} |",
+            "| {} | {} | {} | {} | {ratio} | {} | {} | {slow_ratio} | {} / {} |",
             c.db.name(),
             cell(1),
             cell(2),
             cell(3),
             fmt(slow(1)),
             fmt(slow(3)),
+            mixed(2),
+            mixed(3),
         );
     }
 }
