@@ -110,19 +110,18 @@ pub(crate) async fn claim_run(
     setup: ClaimSetup,
 ) -> anyhow::Result<ClaimRun> {
     let table = unique_table("claim");
-    let mut result = claim_run_on(url, &table, receiver, n, setup).await;
-    if let (true, Ok(run)) = (setup.mixed, &result) {
-        result = match unkeyed_rate(db, url, &table, n, run.rows_per_sec).await {
-            Ok((unkeyed_per_sec, keyed_meanwhile)) => result.map(|run| ClaimRun {
+    let result = match claim_run_on(url, &table, receiver, n, setup).await {
+        Ok(run) if setup.mixed => (unkeyed_rate(db, url, &table, n, run.rows_per_sec).await).map(
+            |(unkeyed_per_sec, keyed_meanwhile)| ClaimRun {
                 mixed: Some(Mixed {
                     unkeyed_per_sec,
                     keyed_meanwhile,
                 }),
                 ..run
-            }),
-            Err(e) => Err(e),
-        };
-    }
+            },
+        ),
+        other => other,
+    };
     let dialect = (db == Db::Postgres).then_some(Dialect::Postgres);
     drop_table(url, &table, dialect).await;
     result
