@@ -124,7 +124,8 @@ impl ClaimLoop {
         let claimed_at = Instant::now();
         let rows = self.claim(&req).await?;
         let took = claimed_at.elapsed();
-        let full = self.took_whole_budget(&budgets, &rows, took);
+        let more = self.relay.store.more_behind();
+        let full = self.took_whole_budget(&budgets, &rows, took, req.newest, more);
         let found_nothing = rows.is_empty();
         self.hand_out(rows, &req, claimed_at);
         // A channel took its whole budget: there is probably more; claim again at once (a
@@ -337,11 +338,24 @@ impl ClaimLoop {
 
     /// Records what a claim that took `took` found, marks each sink hungry or not, and
     /// returns whether a channel got its whole budget: it probably has more rows due.
+    ///
+    /// With `newest`, a channel's budget held a share for its newest rows that its oldest
+    /// rows could not take, and which the newest rows may not fill: under a backlog they are
+    /// often rows waiting behind their keys (a burst of keyed rows after the rest) or held by
+    /// another claimer. Such a channel counts as having got its whole budget once its oldest
+    /// share is full. Counted against the whole budget instead, the claim came back short,
+    /// the loop waited `poll_interval`, and the next claim (100 ms later, so again with the
+    /// newest share) came back short again: a backlog drained one claim per poll
+    /// (docs/design.md, "When the loop claims"). With `more` (`Queue::more_behind`) the claim
+    /// came back short with rows likely behind what it read, and every sink counts as
+    /// hungry: its next freed slot wakes the loop, should the next round find no budget.
     fn took_whole_budget(
         &mut self,
         budgets: &Budgets,
         rows: &[ClaimedRow],
         took: Duration,
+        newest: bool,
+        more: bool,
     ) -> bool {
         self.claim_time.record(took);
         metrics::histogram!(crate::metric::CLAIM_DURATION).record(took.as_secs_f64());
@@ -352,7 +366,8 @@ impl ClaimLoop {
                 .iter()
                 .filter(|r| &r.delivery.channel == channel)
                 .count();
-            let hungry = got >= *budget as usize;
+            let oldest = budget - crate::store::newest_share(*budget, newest);
+            let hungry = more || got >= oldest as usize;
             full |= hungry;
             if let Some(sink) = self.relay.sinks.get(channel) {
                 sink.hungry.store(hungry, Ordering::Relaxed);

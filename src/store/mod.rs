@@ -73,6 +73,7 @@ pub fn ids_condition(dialect: Dialect, e: &str, ids: &[i64]) -> Option<String> {
     q.inlined()
 }
 
+pub use claim::plan::newest_share;
 pub use claim::rule;
 /// The claim rule over rows in memory: the model the tests share (see its module doc).
 pub use claim::{LONGEST_RUN, RUN};

@@ -397,6 +397,10 @@ impl Queue for SqlStore {
     fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>> {
         Box::pin(self.claims.probe(&self.db, req))
     }
+
+    fn more_behind(&self) -> bool {
+        self.claims.more_behind()
+    }
 }
 
 impl LeaseTable for SqlStore {

@@ -40,6 +40,7 @@ pub mod rule;
 pub mod windows;
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use sqlx::any::AnyRow;
@@ -252,6 +253,9 @@ pub struct Claims {
     sql: Box<dyn ClaimSql>,
     cursors: Cursors,
     windows: WindowsAhead,
+    /// The last claim came back short with rows likely behind what it read (see
+    /// [`Claims::more_behind`]).
+    more_behind: AtomicBool,
 }
 
 impl Claims {
@@ -260,12 +264,25 @@ impl Claims {
             cursors: Cursors::reading_ahead(sql.freed_keys_from_rows_ahead()),
             sql,
             windows: WindowsAhead::default(),
+            more_behind: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the last claim came back short for a reason that says nothing of the table
+    /// running dry, so that the next claim should come at once, not after a poll
+    /// (`Queue::more_behind`): it stopped at its bound on reads ([`READS`]) while windows still
+    /// had room and rows beyond them (every row they read was settled: taken, behind a key,
+    /// held by another claimer; the floors moved past them, and the next claim reads on from
+    /// there), or another claimer took rows it chose (claimers that read the same rows: the
+    /// rows behind them are likely free).
+    pub fn more_behind(&self) -> bool {
+        self.more_behind.load(Ordering::Relaxed)
     }
 
     /// The claim (`Queue::claim`): the read, the choice, the claim of the chosen rows, in id
     /// order, recorded in the floors.
     pub async fn claim(&self, db: &Db, req: &ClaimRequest) -> anyhow::Result<Vec<ClaimedRow>> {
+        self.more_behind.store(false, Ordering::Relaxed);
         // No row may be taken: no statement (an empty set of parts is not valid SQL).
         if req.asks_for_nothing() {
             return Ok(Vec::new());
@@ -274,8 +291,8 @@ impl Claims {
         let _writing = db.writing().await;
         let mut left = budgets(req);
         let run = keys::longest_run(req);
-        let mut found = match self.windows.instead_of(&planned, req, &left) {
-            Some(kept) => kept,
+        let (mut found, mut more_behind) = match self.windows.instead_of(&planned, req, &left) {
+            Some(kept) => (kept, false),
             None => self.read_all(db, &planned, &left, req.alone, run).await?,
         };
         self.cursors.saw(&found);
@@ -295,6 +312,7 @@ impl Claims {
             );
             give_back_gaps(db, req, &choice, &mut got).await?;
             let complete = got.len() == choice.ids.len();
+            more_behind |= !complete;
             // Rows chosen and not got were taken by another claim meanwhile (or stopped being
             // claimable): the next round chooses from the rest of what was read.
             forget(&mut found, &choice.ids);
@@ -305,6 +323,7 @@ impl Claims {
                 break;
             }
         }
+        self.more_behind.store(more_behind, Ordering::Relaxed);
         claimed.sort_by_key(|r| r.delivery.id);
         claimed.dedup_by_key(|r| r.delivery.id);
         // A claim that chose rows and got none (a lost fence) says nothing about where the
@@ -318,7 +337,8 @@ impl Claims {
     }
 
     /// The first read of `parts`, and the reads on past windows that held no room-filling
-    /// rows (see [`read_on`]), at most [`READS`] in all; `run` rows of a key at most.
+    /// rows (see [`read_on`]), at most [`READS`] in all; `run` rows of a key at most. Also
+    /// whether it stopped at [`READS`] with windows still to read on.
     async fn read_all(
         &self,
         db: &Db,
@@ -326,7 +346,7 @@ impl Claims {
         budgets: &[plan::Budget],
         alone: bool,
         run: u32,
-    ) -> anyhow::Result<Vec<(Part, Vec<Candidate>)>> {
+    ) -> anyhow::Result<(Vec<(Part, Vec<Candidate>)>, bool)> {
         // A leader's rows read ahead are taken as read, not read again by id.
         let mut as_read = alone
             .then(|| self.cursors.as_read(&planned.parts))
@@ -348,7 +368,7 @@ impl Claims {
                 break;
             }
         }
-        Ok(found)
+        Ok((found, !parts.is_empty()))
     }
 
     /// The read of `parts`, per part, passing rows of the `busy` keys (see [`read::statement`]);

@@ -87,6 +87,10 @@ impl Queue for OnDbThread {
         let (queue, req) = (self.0.clone(), req.clone());
         Box::pin(on_db_thread(async move { queue.probe(&req).await }))
     }
+
+    fn more_behind(&self) -> bool {
+        self.0.more_behind()
+    }
 }
 
 #[cfg(test)]

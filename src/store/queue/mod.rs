@@ -30,6 +30,12 @@ pub trait Queue: Send + Sync {
     /// picks, `COMMIT`), and on PostgreSQL its shared lock on the lease row takes a
     /// transaction id and writes WAL (docs/design.md, "Idle cost").
     fn probe<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, anyhow::Result<Probe>>;
+    /// Whether the last claim stopped at its bound on reads with rows beyond what it read,
+    /// none of what it read claimable by it: claim again at once, not after a poll
+    /// (docs/design.md, "When the loop claims").
+    fn more_behind(&self) -> bool {
+        false
+    }
 }
 
 /// Why a result write stopped.

@@ -13,7 +13,9 @@
 //!    never start before the previous row of the key was delivered; a key waiting for a retry
 //!    holds back only itself;
 //! 4. `outbox-relay status` while three instances hold claims lists the live claims per
-//!    instance, matching the table.
+//!    instance, matching the table;
+//! 5. two instances against a slow receiver with a long poll each send about half: the one a
+//!    claim behind claims the rows behind the other's at once instead of waiting a poll.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};

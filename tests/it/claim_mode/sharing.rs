@@ -172,3 +172,44 @@ async fn status_lists_live_claims_per_instance(db: Db) {
     td.drop_table().await;
 }
 per_db!(status_lists_live_claims_per_instance);
+
+// ---------------------------------------------------------------------------------------------
+// 5. Two instances against a slow receiver, with a long poll: the one a claim behind keeps
+//    claiming the rows behind the other's instead of waiting a poll, so each sends about half
+//    (docs/design.md, "When the loop claims").
+
+async fn two_instances_behind_one_another_both_keep_claiming(db: Db) {
+    let Some(td) = TestDb::open(db, "cm_behind").await else {
+        return;
+    };
+    let rows = 2000;
+    let rx = Receiver::start(None).await;
+    // 16 sends at once answered after 20 ms: 800 rows/s an instance, so the table lasts about
+    // 2.5 s for one and 1.25 s for two, against a 10 s poll.
+    rx.set_delay(Duration::from_millis(20));
+    td.insert_hooks(rows).await;
+    let config = |n: &str| {
+        base(&rx, n)
+            .poll_interval(Duration::from_secs(10))
+            .hook(|s| s.concurrency(16))
+    };
+    let mut relays: Vec<RelayProc> = ["a", "b"]
+        .iter()
+        .map(|n| RelayProc::start(&td, &config(n), n))
+        .collect();
+    rx.expect_requests(rows, Duration::from_secs(30), "every row")
+        .await;
+    let share = shares(&rx.requests());
+    eprintln!("{db:?}: {rows} rows by two claim-mode instances behind a 20 ms receiver: {share:?}");
+    for n in ["a", "b"] {
+        assert!(
+            share.get(n).copied().unwrap_or(0) >= rows / 4,
+            "instance {n} sent under a quarter of the rows: {share:?}"
+        );
+    }
+    for r in &mut relays {
+        r.stop(Duration::from_secs(15)).await;
+    }
+    td.drop_table().await;
+}
+per_db!(two_instances_behind_one_another_both_keep_claiming);

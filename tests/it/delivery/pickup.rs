@@ -120,3 +120,45 @@ async fn a_new_row_is_not_starved_behind_a_backlog(db: Db) {
     td.drop_table().await;
 }
 per_db!(a_new_row_is_not_starved_behind_a_backlog);
+
+// ---------------------------------------------------------------------------------------------
+// 10. A backlog whose newest rows all wait behind their ordering keys (a burst of keyed rows
+//     committed after the rest) drains claim after claim: a claim that takes each channel's
+//     newest rows too holds a share of its budget for them, and when none of them is
+//     claimable it still took all its oldest rows could, so the loop claims again at once
+//     (docs/design.md, "When the loop claims"). Before, such a claim counted as short, the
+//     loop waited `poll_interval`, and the next claim (again with the newest share) came back
+//     short again: one claim per poll.
+
+async fn a_keyed_burst_behind_a_backlog_does_not_pace_it_by_the_poll(db: Db) {
+    let Some(td) = open(db, "dl_burst").await else {
+        return;
+    };
+    let rx = Receiver::start(Some(SECRET)).await;
+    td.insert_hooks(2000).await;
+    td.insert(
+        "hook",
+        (0..400).map(|i| (Some(format!("k{}", i % 4)), payload(i))),
+    )
+    .await;
+    // A claim per poll would send 35 rows (40 less the newest share of 5) every 2 s: the
+    // 2,000 unkeyed rows in about two minutes.
+    let config = base(&rx)
+        .poll_interval(Duration::from_secs(2))
+        .batch_size(40);
+    let mut relay = RelayProc::start(&td, &config, "one");
+    let started = Instant::now();
+    rx.expect_requests(
+        2400,
+        Duration::from_secs(40),
+        "the backlog and the keyed burst",
+    )
+    .await;
+    println!(
+        "MEASURED {db:?} 2,000 rows and a keyed burst of 400 behind them: {:?}",
+        started.elapsed()
+    );
+    relay.stop(Duration::from_secs(15)).await;
+    td.drop_table().await;
+}
+per_db!(a_keyed_burst_behind_a_backlog_does_not_pace_it_by_the_poll);

@@ -475,3 +475,54 @@ async fn rows_due_again_below_the_floor_are_claimed_within_a_full_walk(db: Db) {
     );
     td.drop_table().await;
 }
+
+// A claim that reads only rows another claimer holds, up to its bound on reads, takes nothing
+// and says so (`Queue::more_behind`): its floors moved past them, and the next claim reads
+// on. Without it the relay took the empty claim for a table run dry and waited a poll, while
+// the other claimer went on alone (docs/design.md, "When the loop claims").
+per_db!(a_claim_that_reads_only_rows_another_claimer_holds_asks_to_come_again_at_once);
+async fn a_claim_that_reads_only_rows_another_claimer_holds_asks_to_come_again_at_once(db: Db) {
+    let Some(td) = TestDb::open(db, "st_behind").await else {
+        return;
+    };
+    let store = td.store.clone();
+    td.insert_hooks(1000).await;
+    let other = SqlStore::connect(&td.url, &td.table, 2, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let held = bounded("the other claim", other.claim(&hook_request(600, "b"))).await;
+    assert_eq!(held.len(), 600);
+    let last_held = held.iter().map(|r| r.delivery.id).max().expect("held rows");
+    // Budgets of 32: windows of 64 rows, four reads a claim, so the 600 held rows take a few
+    // claims to pass, each of which must ask to be made again at once.
+    let mut empty = 0;
+    let got = loop {
+        let got = bounded("claim", store.claim(&hook_request(32, "a"))).await;
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(
+            store.more_behind(),
+            "an empty claim among held rows asks for the next one at once"
+        );
+        empty += 1;
+        assert!(empty < 10, "the claims did not pass the held rows");
+    };
+    assert!(empty >= 1, "the first claim read held rows only");
+    assert!(
+        got.iter().all(|r| r.delivery.id > last_held) && got.len() == 32,
+        "then the free rows behind the held ones"
+    );
+    // Drained, a claim that finds nothing says there is nothing behind.
+    let mut rest = got.len();
+    loop {
+        let got = bounded("claim", store.claim(&hook_request(100, "a"))).await;
+        if got.is_empty() {
+            break;
+        }
+        rest += got.len();
+    }
+    assert_eq!(rest, 400, "every free row, once");
+    assert!(!store.more_behind(), "nothing left to read on to");
+    td.drop_table().await;
+}
