@@ -32,7 +32,8 @@ pub const OTHERS_PER_CLAIM: u32 = 32;
 /// `claim_time` is how long claims take (a moving average; `None` before the first).
 ///
 /// With `others`, a quarter of `free` (at most [`OTHERS_PER_CLAIM`]) goes first to rows of
-/// channels no sink serves, which are finished FAILED.
+/// channels no sink serves, which are finished FAILED. What round 1 granted each channel is
+/// [`Budgets::starts`].
 pub fn budgets(
     sinks: &SinkRegistry,
     free: u32,
@@ -68,7 +69,11 @@ pub fn budgets(
     };
     let mut left = free - for_others;
     let mut granted: Vec<(&str, u32)> = Vec::with_capacity(asks.len());
+    let mut starts: Vec<(String, u32)> = Vec::new();
     for round in [0, 1] {
+        if round == 1 {
+            starts = granted.iter().map(|(n, k)| (n.to_string(), *k)).collect();
+        }
         let mut wants: Vec<(&str, u32)> = asks
             .iter()
             .map(|(name, now, ahead)| (*name, if round == 0 { *now } else { *ahead }))
@@ -95,7 +100,11 @@ pub fn budgets(
         .collect();
     let others =
         (for_others > 0).then(|| (sinks.iter().map(|s| s.name.clone()).collect(), for_others));
-    Budgets { channels, others }
+    Budgets {
+        channels,
+        others,
+        starts: Some(starts),
+    }
 }
 
 /// Whether some sink could start a row now: it may send, and it has a free slot that no

@@ -114,6 +114,11 @@ pub struct Budgets {
     /// Rows of channels that no sink serves (they are finished FAILED): (every channel a
     /// sink serves, most rows). `None`: do not look for such rows in this claim.
     pub others: Option<(Vec<String>, u32)>,
+    /// Of `channels`, (channel, rows its sink can start now), the rest being rows queued
+    /// ahead of its sends; a channel not listed can start none. In claim mode a claim takes
+    /// no more heads of keys new to it than that (docs/design.md, "Ordering keys: keys among
+    /// claimers"). `None`: no such bound.
+    pub starts: Option<Vec<(String, u32)>>,
 }
 
 impl Budgets {

@@ -6,9 +6,10 @@
 //! (docs/design.md, "What is claimable": due, under no live claim, and every earlier
 //! unfinished row of its ordering key taken by the same claim, or the nearest one not taken a
 //! tail the claimer offered and holds: "Ordering keys: chains"). Claims offer the claimer's
-//! tails half the time. The claimers finish the rows of a key they hold as the relay sends
-//! them: one after another in the order claimed, and the rest given back when one is not
-//! delivered. Checked after every step:
+//! tails half the time; odd claimers take no more heads of keys new to them than half their
+//! budget (`Budgets::starts`, as a claim-mode relay's claims do). The claimers finish the rows
+//! of a key they hold as the relay sends them: one after another in the order claimed, and the
+//! rest given back when one is not delivered. Checked after every step:
 //!
 //! - a claim returns only rows the model calls claimable, at most the channel's budget, so no
 //!   row of a key is sent while an earlier row of that key is unfinished outside its claim;
@@ -128,6 +129,13 @@ fn request(claimer: usize, budget: u32, newest: bool, tails: Vec<Tail>) -> Claim
         budgets: Some(Budgets {
             channels: CHANNELS.iter().map(|c| (c.to_string(), budget)).collect(),
             others: None,
+            // Odd claimers take no more heads of keys new to them than half their budget.
+            starts: (claimer % 2 == 1).then(|| {
+                CHANNELS
+                    .iter()
+                    .map(|c| (c.to_string(), budget / 2))
+                    .collect()
+            }),
         }),
     }
 }

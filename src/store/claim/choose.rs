@@ -99,6 +99,9 @@ pub struct Choice {
     pub keys: Vec<(KeyRef, KeyFate)>,
     /// The rows taken from newest windows (they count against the newest share).
     pub newest: Vec<i64>,
+    /// Heads of keys new to this claimer that its oldest windows left for another claimer
+    /// ([`Budget::fresh`]).
+    pub left_heads: Vec<i64>,
     /// Per key read, the rows it read and did not take, right behind those it took (none:
     /// the part read the key behind a tail and found no row at all).
     pub ahead: Vec<Ahead>,
@@ -160,6 +163,14 @@ pub fn choose(found: &[(Part, Vec<Candidate>)], budgets: &[Budget], run: u32) ->
         newest_left: budgets
             .iter()
             .map(|b| (b.channel.clone(), b.newest))
+            .collect(),
+        fresh_left: budgets
+            .iter()
+            .map(|b| (b.channel.clone(), b.fresh))
+            .collect(),
+        waited: budgets
+            .iter()
+            .flat_map(|b| b.waited.iter().copied())
             .collect(),
         taken: Ids::default(),
         choice: Choice::default(),
@@ -273,6 +284,10 @@ struct Chooser {
     left: Fast<String, u32>,
     /// Per channel, what its newest window may still take.
     newest_left: Fast<String, u32>,
+    /// Per channel, how many more heads of keys its windows may take (see [`Budget::fresh`]).
+    fresh_left: Fast<String, u32>,
+    /// Heads taken whatever that bound ([`Budget::waited`]).
+    waited: Ids,
     taken: Ids,
     choice: Choice,
 }
@@ -301,6 +316,31 @@ impl Chooser {
         self.taken.insert(row.id);
         self.choice.ids.push(row.id);
         true
+    }
+
+    /// Takes `row`, a claimable row a window met, as [`Chooser::take`] does; a keyed one (a
+    /// head of a key the claim did not read as a key) only while its channel may take more
+    /// such heads ([`Budget::fresh`]).
+    fn take_fresh(&mut self, row: &Candidate, oldest: bool) -> bool {
+        if !self.fresh_allowed(row) {
+            return false;
+        }
+        let fresh = row.key.is_some() && !self.taken.contains(&row.id);
+        let channel = row.channel.as_deref().unwrap_or_default();
+        let took = self.take(row, oldest);
+        if let (true, Some(n)) = (took && fresh, self.fresh_left.get_mut(channel)) {
+            *n = n.saturating_sub(1);
+        }
+        took
+    }
+
+    /// Whether `row` is not a head of a key beyond its channel's bound on such heads.
+    fn fresh_allowed(&self, row: &Candidate) -> bool {
+        let channel = row.channel.as_deref().unwrap_or_default();
+        row.key.is_none()
+            || self.taken.contains(&row.id)
+            || self.waited.contains(&row.id)
+            || self.fresh_left.get(channel).is_none_or(|n| *n > 0)
     }
 
     /// Each key's own rows read, none taken yet.
@@ -430,10 +470,17 @@ impl Chooser {
             .collect();
         let mut settled = from;
         let (mut took, mut unkeyed) = (0, 0);
-        let mut open = true;
+        // `open`: the budget lasts; `settling`: every row so far was taken or not claimable
+        // (a head left for another claimer stops it, not the rows taken behind it).
+        let (mut open, mut settling) = (true, true);
         for row in &rows {
             if row.claimable() {
-                if !open || !self.take(row, true) {
+                if !self.fresh_allowed(row) {
+                    settling = false;
+                    self.choice.left_heads.push(row.id);
+                    continue;
+                }
+                if !open || !self.take_fresh(row, true) {
                     open = false;
                     continue;
                 }
@@ -441,7 +488,7 @@ impl Chooser {
                 took += 1;
                 unkeyed += usize::from(row.key.is_none());
             }
-            if open {
+            if open && settling {
                 settled = Some(row.id);
             }
         }
@@ -457,7 +504,7 @@ impl Chooser {
             saw_unkeyed: rows.iter().any(|r| r.key.is_none()),
             asked,
             // Decided once every part is chosen from (see `choose`).
-            wants_more: open && !reached_end && !sweep,
+            wants_more: open && settling && !reached_end && !sweep,
             room: 0,
         });
     }
@@ -472,7 +519,7 @@ impl Chooser {
             if self.newest_left.get(channel).copied().unwrap_or(0) == 0 {
                 return;
             }
-            if row.claimable() && !self.taken.contains(&row.id) && self.take(row, false) {
+            if row.claimable() && !self.taken.contains(&row.id) && self.take_fresh(row, false) {
                 self.alone(row);
                 if let Some(n) = self.newest_left.get_mut(channel) {
                     *n -= 1;

@@ -22,6 +22,7 @@ pub fn request() -> ClaimRequest {
         budgets: Some(Budgets {
             channels: vec![("hook".into(), 10)],
             others: None,
+            starts: None,
         }),
         trace: false,
     }

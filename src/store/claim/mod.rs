@@ -40,13 +40,15 @@ pub mod rule;
 pub mod windows;
 
 use std::collections::HashSet;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sqlx::any::AnyRow;
 
 use self::choose::{Candidate, Choice, choose};
 use self::cursor::{Cursors, Planned};
+use self::fx::Fast;
 use self::plan::{ChannelRead, GapRead, KeyRef, Part, budgets};
 
 pub use self::conditions::{
@@ -256,7 +258,20 @@ pub struct Claims {
     /// The last claim came back short with rows likely behind what it read (see
     /// [`Claims::more_behind`]).
     more_behind: AtomicBool,
+    /// Heads of keys new to this claimer that its claims left for another claimer
+    /// (`plan::Budget::fresh`), each with when it was first left.
+    left_heads: Mutex<Fast<i64, Instant>>,
 }
+
+/// How long a head left for another claimer waits before this claimer takes it whatever its
+/// bound: under load another instance claims every few milliseconds, so a head still free
+/// after this is one no other claimer took (this claimer is alone, or the others are full).
+const LEFT_FOR: Duration = Duration::from_millis(200);
+
+/// How long a head left for another claimer is remembered, and how many at most: a head
+/// remembered that another claimer took since is not claimable, so remembering it costs
+/// nothing but room.
+const LEFT_KEPT: (Duration, usize) = (Duration::from_secs(10), 4096);
 
 impl Claims {
     pub fn new(sql: Box<dyn ClaimSql>) -> Claims {
@@ -265,6 +280,35 @@ impl Claims {
             sql,
             windows: WindowsAhead::default(),
             more_behind: AtomicBool::new(false),
+            left_heads: Mutex::new(Fast::default()),
+        }
+    }
+
+    /// The heads left for another claimer at least [`LEFT_FOR`] ago.
+    fn waited_heads(&self) -> Vec<i64> {
+        let left = self.left_heads.lock().unwrap_or_else(|p| p.into_inner());
+        (left.iter())
+            .filter(|(_, since)| since.elapsed() >= LEFT_FOR)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Remembers the heads `choice` left for another claimer, since when each was first left
+    /// (a claim that did not read them, its budget taken before its windows, forgets none),
+    /// and forgets those `claimed` took.
+    fn remember_left(&self, choice: &Choice, claimed: &[ClaimedRow]) {
+        let mut left = self.left_heads.lock().unwrap_or_else(|p| p.into_inner());
+        for row in claimed {
+            left.remove(&row.delivery.id);
+        }
+        let now = Instant::now();
+        for id in &choice.left_heads {
+            left.entry(*id).or_insert(now);
+        }
+        let (longest, most) = LEFT_KEPT;
+        left.retain(|_, since| since.elapsed() < longest);
+        if left.len() > most {
+            left.clear();
         }
     }
 
@@ -290,6 +334,10 @@ impl Claims {
         let planned = self.cursors.plan(req);
         let _writing = db.writing().await;
         let mut left = budgets(req);
+        let waited = self.waited_heads();
+        for b in &mut left {
+            b.waited.clone_from(&waited);
+        }
         let run = keys::longest_run(req);
         let (mut found, mut more_behind) = match self.windows.instead_of(&planned, req, &left) {
             Some(kept) => (kept, false),
@@ -324,6 +372,7 @@ impl Claims {
             }
         }
         self.more_behind.store(more_behind, Ordering::Relaxed);
+        self.remember_left(&choice, &claimed);
         claimed.sort_by_key(|r| r.delivery.id);
         claimed.dedup_by_key(|r| r.delivery.id);
         // A claim that chose rows and got none (a lost fence) says nothing about where the

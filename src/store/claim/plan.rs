@@ -110,6 +110,16 @@ pub struct Budget {
     pub channel: String,
     pub total: u32,
     pub newest: u32,
+    /// How many heads of keys the channel's windows may take (`u32::MAX`: no bound). In claim
+    /// mode, what its sink can start now ([`Budgets::starts`]): a key whose head a claimer
+    /// takes stays that claimer's while it has rows in flight ("Ordering keys: chains"), so
+    /// heads taken ahead of the sink's free slots would only wait in this claimer's queue
+    /// while another claimer could send them (docs/design.md, "Ordering keys: keys among
+    /// claimers").
+    pub fresh: u32,
+    /// Heads its windows take whatever `fresh`: heads this claimer left for another claimer
+    /// long enough ago that no other claimer wants them (`Claims::claim`).
+    pub waited: Vec<i64>,
 }
 
 /// The budgets of `req`, per channel.
@@ -123,6 +133,13 @@ pub fn budgets(req: &ClaimRequest) -> Vec<Budget> {
                 channel: c.clone(),
                 total: *n,
                 newest: newest_share(*n, req.newest),
+                fresh: match (&b.starts, req.alone) {
+                    (Some(starts), false) => {
+                        (starts.iter()).find(|(s, _)| s == c).map_or(0, |(_, n)| *n)
+                    }
+                    _ => u32::MAX,
+                },
+                waited: Vec::new(),
             })
             .collect(),
         None => Vec::new(),
@@ -163,4 +180,34 @@ pub fn gaps(known: &[String], rows: u32) -> Vec<Part> {
         nulls: true,
     });
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::model::Budgets;
+
+    #[test]
+    fn only_a_claim_mode_claim_bounds_the_heads_of_new_keys_by_what_its_sinks_start_now() {
+        let mut req = super::super::fixtures::request();
+        req.budgets = Some(Budgets {
+            channels: vec![("a".into(), 100), ("b".into(), 50)],
+            others: None,
+            starts: Some(vec![("a".into(), 30)]),
+        });
+        let fresh = |req: &ClaimRequest| budgets(req).iter().map(|b| b.fresh).collect::<Vec<_>>();
+        req.alone = false;
+        assert_eq!(fresh(&req), [30, 0], "b can start nothing now");
+        req.alone = true;
+        assert_eq!(
+            fresh(&req),
+            [u32::MAX, u32::MAX],
+            "a leader's claim is not bound"
+        );
+        req.alone = false;
+        if let Some(b) = req.budgets.as_mut() {
+            b.starts = None;
+        }
+        assert_eq!(fresh(&req), [u32::MAX, u32::MAX], "no bound asked");
+    }
 }

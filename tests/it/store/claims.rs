@@ -206,6 +206,7 @@ async fn budgets_cap_each_channel(db: Db) {
     req.budgets = Some(Budgets {
         channels: vec![("a".into(), 2), ("b".into(), 5)],
         others: Some((vec!["a".into(), "b".into()], 1)),
+        starts: None,
     });
     let rows = bounded("claim", store.claim(&req)).await;
     let count = |c: &str| rows.iter().filter(|r| r.delivery.channel == c).count();
@@ -245,6 +246,7 @@ async fn budgets_cap_each_channel(db: Db) {
     free.budgets = Some(Budgets {
         channels: Vec::new(),
         others: Some((vec!["a".into(), "b".into()], 3)),
+        starts: None,
     });
     let strays = bounded("claim", store.claim(&free)).await;
     assert_eq!(strays.len(), 3, "{:?}", ids(&strays));
@@ -409,6 +411,7 @@ async fn newest_rows_are_not_starved_by_a_backlog(db: Db) {
         req.budgets = Some(Budgets {
             channels: vec![("hook".into(), n)],
             others: None,
+            starts: None,
         });
         req
     };

@@ -105,6 +105,7 @@ impl Poller<'_> {
             budgets: Some(Budgets {
                 channels: vec![("hook".into(), 8), ("log".into(), 8)],
                 others: Some((vec!["hook".into(), "log".into()], 2)),
+                starts: None,
             }),
             newest: true,
             ..request(
@@ -311,6 +312,7 @@ async fn an_idle_read_that_finds_an_expired_claim_below_the_floor_leads_to_claim
         budgets: Some(Budgets {
             channels: vec![("hook".into(), 10)],
             others: None,
+            starts: None,
         }),
         ..request(10, Duration::from_secs(1), "a", None)
     };

@@ -486,3 +486,66 @@ async fn unkeyed_rows_another_claimer_holds_leave_the_keys_their_share(db: Db) {
     claimed_once_in_key_order(&claimed, &keyed, &free);
     td.drop_table().await;
 }
+
+/// A claim-mode request for up to `n` rows of `hook`, of which `starts` its sink can start now.
+fn starting(n: u32, starts: u32, claimer: &str) -> ClaimRequest {
+    let mut req = hook_request(n, claimer);
+    if let Some(b) = req.budgets.as_mut() {
+        b.starts = Some(vec![("hook".into(), starts)]);
+    }
+    req
+}
+
+// In claim mode a claim takes no more heads of keys new to it than its sink can start now: a
+// key stays with the claimer that holds its rows, so heads taken ahead of the sink's slots
+// would wait in that claimer's queue while another claimer could send them; heads it left that
+// no one took are its own again after a while. Unkeyed rows are not bound so (docs/design.md,
+// "Ordering keys: keys among claimers").
+per_db!(a_claimer_takes_no_more_new_keys_than_it_can_start);
+async fn a_claimer_takes_no_more_new_keys_than_it_can_start(db: Db) {
+    let Some(td) = TestDb::open(db, "st_starts").await else {
+        return;
+    };
+    let store = td.store.clone();
+    let mut rows: Vec<(Option<String>, String)> = Vec::new();
+    for n in 0..3 {
+        for k in 0..10 {
+            rows.push((Some(format!("k{k}")), format!(r#"{{"k":{k},"n":{n}}}"#)));
+        }
+    }
+    rows.extend((0..6).map(|n| (None, format!(r#"{{"u":{n}}}"#))));
+    td.insert("hook", rows).await;
+    let keyed_heads = |got: &[ClaimedRow]| {
+        (got.iter())
+            .filter_map(|r| r.ordering_key.clone())
+            .collect::<Vec<_>>()
+    };
+    let got = bounded("claim", store.claim(&starting(32, 4, "a"))).await;
+    assert_eq!(
+        keyed_heads(&got),
+        ["k0", "k1", "k2", "k3"],
+        "four keys' heads, as many as the sink can start"
+    );
+    assert_eq!(got.len(), 4 + 6, "and every unkeyed row: {:?}", ids(&got));
+    let other = SqlStore::connect(&td.url, &td.table, 2, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let got = bounded("the other claim", other.claim(&starting(32, 4, "b"))).await;
+    assert_eq!(
+        keyed_heads(&got),
+        ["k4", "k5", "k6", "k7"],
+        "the other claimer starts the next keys"
+    );
+    // The first claimer, its slots full, leaves the heads it left before to another claimer for
+    // a while, then takes them: no one else did.
+    let got = bounded("claim", store.claim(&starting(32, 0, "a"))).await;
+    assert_eq!(keyed_heads(&got), Vec::<String>::new(), "none at once");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = bounded("claim", store.claim(&starting(32, 0, "a"))).await;
+    assert_eq!(
+        keyed_heads(&got),
+        ["k8", "k9"],
+        "the heads no other claimer took, once they waited"
+    );
+    td.drop_table().await;
+}

@@ -67,6 +67,7 @@ fn hook_request(n: u32, claimer: &str) -> ClaimRequest {
     req.budgets = Some(Budgets {
         channels: vec![("hook".into(), n)],
         others: None,
+        starts: None,
     });
     req
 }

@@ -29,6 +29,8 @@ fn budget(total: u32, newest: u32) -> Vec<Budget> {
         channel: "a".into(),
         total,
         newest,
+        fresh: u32::MAX,
+        waited: Vec::new(),
     }]
 }
 
@@ -395,4 +397,37 @@ fn unkeyed_rows_another_claimer_holds_keep_the_keys_to_their_share_and_the_windo
         (0..20).map(|k| 1000 + 10 * k).collect::<Vec<i64>>()
     );
     assert_eq!(c.seen[0].room, 0);
+}
+
+#[test]
+fn a_window_takes_no_more_heads_of_new_keys_than_its_bound_and_settles_before_the_first_left() {
+    let rows = vec![
+        row(1, Some("k1"), true, true),
+        row(2, None, true, true),
+        row(3, Some("k2"), true, true),
+        row(4, Some("k3"), true, true),
+        row(5, None, true, true),
+        row(6, Some("k1"), true, false),
+    ];
+    let mut b = budget(10, 0);
+    b[0].fresh = 2;
+    let c = choose(&[(window(Some(0), 6), rows.clone())], &b, 1);
+    assert_eq!(
+        c.ids,
+        [1, 2, 3, 5],
+        "two keys' heads, and every unkeyed row"
+    );
+    assert_eq!(
+        c.seen[0].settled,
+        Some(3),
+        "k3's head is left for another claimer"
+    );
+    assert!(
+        !c.seen[0].wants_more,
+        "read again from there, not read on past it"
+    );
+    // Without a bound (a leader, or no sink asked), every head.
+    let c = choose(&[(window(Some(0), 6), rows)], &budget(10, 0), 1);
+    assert_eq!(c.ids, [1, 2, 3, 4, 5]);
+    assert_eq!(c.seen[0].settled, Some(6));
 }

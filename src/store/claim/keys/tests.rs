@@ -314,6 +314,7 @@ fn a_crowded_claim_reads_the_keys_that_moved_longest_ago_within_the_keyed_share(
     req.budgets = Some(crate::store::model::Budgets {
         channels: vec![("hook".into(), 160)],
         others: None,
+        starts: None,
     });
     // Tails claimed up to rows 100, 200, ... 2,000, offered newest first; keys freed by rows
     // 150, 250, ... 2,050.

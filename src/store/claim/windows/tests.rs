@@ -111,6 +111,7 @@ fn kept_rows_are_not_used_when_anything_else_would_be_read() {
         budgets: Some(crate::store::model::Budgets {
             channels: vec![("hook".into(), 11)],
             others: None,
+            starts: None,
         }),
         ..request()
     };

@@ -35,6 +35,7 @@ async fn mysql_claims_never_walk_finished_rows() {
     req.budgets = Some(Budgets {
         channels: vec![("hook".into(), 10)],
         others: Some((vec!["hook".into()], 5)),
+        starts: None,
     });
     let before = read_next().await;
     let rows = bounded("claim", store.claim(&req)).await;

@@ -137,6 +137,7 @@ async fn postgres_claims_are_planned_once_and_never_scan_the_table() {
         req.budgets = Some(Budgets {
             channels: vec![("hook".into(), 2)],
             others: None,
+            starts: None,
         });
         req.newest = newest;
         claimed += bounded("claim", store.claim(&req)).await.len();
